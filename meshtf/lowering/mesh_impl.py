@@ -136,13 +136,20 @@ class MeshImpl(object):
     sizes = self.slice_shape(shape)
     # Traced once for all slices (they differ only in `begin`): op-by-op
     # eager Threefry would cost ~0.1 s per slice.
-    init = tf.function(lambda begin: slice_init_fn(begin, sizes),
-                       autograph=False)
+    if getattr(slice_init_fn, "traced", False):
+      init = lambda begin: slice_init_fn(begin, sizes)  # noqa: E731
+    else:
+      init = tf.function(lambda begin: slice_init_fn(begin, sizes),
+                         autograph=False)
     out = [None] * self.size  # None: a processor of another worker
-    for p in self.local_pnums():
+    local = self.local_pnums()
+    for p in local:
+      # Computed on one device and copied: running the function on each
+      # device would instantiate (and optimise) it once per device.
+      with tf.device(self.devices[local[0]]):
+        value = init(tf.constant(self.slice_begin(shape, p), tf.int64))
       with tf.device(self.devices[p]):
-        begin = tf.constant(self.slice_begin(shape, p), tf.int64)
-        out[p] = tf.Variable(init(begin), dtype=dtype, trainable=trainable,
+        out[p] = tf.Variable(value, dtype=dtype, trainable=trainable,
                              name="%s_slice_%d" % (name.replace("/", "_"), p))
     return out
 
@@ -210,16 +217,18 @@ class MeshImpl(object):
   def reshape(self, x, old_shape, new_shape):
     """Relayouts and reshapes laid-out x from old_shape to new_shape.
 
-    Per mesh axis: a dim that stays intact (same size at the same position in
-    the flattened order) keeps its split; split -> unsplit is an allconcat;
-    unsplit -> split is a local slice (allsplit); one dim -> another dim on
-    the same axis is an alltoall when the new dim already exists intact in the
-    old shape, else allconcat then allsplit.
+    Per mesh axis: a split that selects the same elements keeps its split
+    (the old and new dims have the same product of the sizes before them,
+    Mesh TensorFlow's rule: e.g. [batch, length] -> [group, group_size] split
+    on batch and group is local); split -> unsplit is an allconcat; unsplit
+    -> split is a local slice (allsplit); one dim -> another dim on the same
+    axis is an alltoall when an unsplit old dim already slices like the new
+    dim, else allconcat then allsplit.
     """
     old_layout = list(self.tensor_layout(old_shape))
     new_layout = list(self.tensor_layout(new_shape))
-    old_pos = _positions(old_shape)
-    new_pos = _positions(new_shape)
+    old_pos = _outer_sizes(old_shape)
+    new_pos = _outer_sizes(new_shape)
     to_split_after = []
     for m, mesh_dim in enumerate(self._shape.dims):
       if mesh_dim.size == 1:
@@ -229,7 +238,7 @@ class MeshImpl(object):
       if a is not None and b is not None and old_pos[a] == new_pos[b]:
         continue
       if b is not None:
-        twin = _index_of(old_pos, new_pos[b])
+        twin = _twin(old_shape, old_pos, new_pos[b], mesh_dim.size)
         if a is not None and twin is not None and old_layout[twin] is None:
           x = self.alltoall(x, m, split_axis=twin, concat_axis=a)
           old_layout[a], old_layout[twin] = None, m
@@ -266,20 +275,24 @@ _HOST_REDUCERS = {
 }
 
 
-def _positions(shape):
-  """(product of the sizes after the dim, size) for each dim, in row-major
-  order. A dim with the same pair in two shapes of equal size is intact: it
-  indexes the same factor of the flattened tensor in both."""
-  out, after = [], 1
-  for d in reversed(shape.dims):
-    out.append((after, d.size))
-    after *= d.size
-  return list(reversed(out))
+def _outer_sizes(shape):
+  """Per dim, the product of the sizes of the dims before it. Split n ways,
+  a dim gives processor i the i-th n-th of every one of its outer-size
+  blocks of the flattened tensor; so in two shapes of equal size, dims with
+  the same outer size split n ways select the same elements, in the same
+  order (Mesh TensorFlow's cumprod rule)."""
+  out, before = [], 1
+  for d in shape.dims:
+    out.append(before)
+    before *= d.size
+  return out
 
 
-def _index_of(positions, pos):
-  for i, p in enumerate(positions):
-    if p == pos:
+def _twin(shape, outer_sizes, outer, n):
+  """The dim of shape with the given outer size that can be split n ways
+  (at most one: a dim of size >= 2 doubles the next outer size), or None."""
+  for i, (o, d) in enumerate(zip(outer_sizes, shape.dims)):
+    if o == outer and d.size % n == 0:
       return i
   return None
 

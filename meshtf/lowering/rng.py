@@ -38,9 +38,19 @@ def _rotl(x, r):
 
 
 def threefry2x32(key, x0, x1):
-  """Threefry-2x32 block cipher on uint32 tensors x0, x1 with a 2-word key."""
-  k0, k1 = np.uint32(key[0]), np.uint32(key[1])
-  ks = (k0, k1, np.uint32(int(k0) ^ int(k1) ^ _PARITY))
+  """Threefry-2x32 block cipher on uint32 tensors x0, x1 with a 2-word key
+  (two Python ints, or two uint32 scalar tensors)."""
+  if isinstance(key[0], tf.Tensor):
+    # Key words as uint32 tensors: one traced function serves every key.
+    k0, k1 = key[0], key[1]
+    ks = (k0, k1, tf.bitwise.bitwise_xor(tf.bitwise.bitwise_xor(k0, k1),
+                                         np.uint32(_PARITY)))
+    injections = [ks[(b + 2) % 3] + np.uint32(b + 1) for b in range(5)]
+  else:
+    k0, k1 = np.uint32(key[0]), np.uint32(key[1])
+    ks = (k0, k1, np.uint32(int(k0) ^ int(k1) ^ _PARITY))
+    injections = [np.uint32((int(ks[(b + 2) % 3]) + b + 1) & 0xFFFFFFFF)
+                  for b in range(5)]
   x0 = x0 + ks[0]
   x1 = x1 + ks[1]
   for block in range(5):
@@ -49,7 +59,7 @@ def threefry2x32(key, x0, x1):
       x1 = _rotl(x1, _ROTATIONS[(block % 2) * 4 + r])
       x1 = tf.bitwise.bitwise_xor(x1, x0)
     x0 = x0 + ks[(block + 1) % 3]
-    x1 = x1 + np.uint32((int(ks[(block + 2) % 3]) + block + 1) & 0xFFFFFFFF)
+    x1 = x1 + injections[block]
   return x0, x1
 
 

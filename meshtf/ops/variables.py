@@ -1,5 +1,7 @@
 """Variables: get_variable (one tf.Variable per slice, created through the
-Lowering's VariableStore) and the assign family.
+Lowering's VariableStore), the assign family (assign, assign_add,
+assign_sub, with Mesh TensorFlow's per-slice assign functions assign_slice,
+assign_add_slice, assign_sub_slice) and read_variable.
 
 Example:
   >>> import meshtf as mtf
@@ -34,6 +36,11 @@ class Variable(graph_lib.Operation):
   dtype = property(lambda self: self._outputs[0].dtype)
   trainable = property(lambda self: self._trainable)
   value = property(lambda self: self._outputs[0])
+  # Mesh TensorFlow's VariableDType parts: meshtf stores no master copy, and
+  # get_variable's activation dtype is a cast after the variable.
+  slice_dtype = property(lambda self: self._outputs[0].dtype)
+  master_dtype = slice_dtype
+  activation_dtype = slice_dtype
 
   def create_slices(self, lowering):
     """The VariableEntry of this variable, creating its per-slice
@@ -44,7 +51,7 @@ class Variable(graph_lib.Operation):
     init, dtype = self._initializer, self.dtype
     entry = lowering.variable_store.get_or_create(
         self.name, self.shape, dtype, impl,
-        lambda begin, sizes: init.slice_value(key, begin, sizes, full, dtype),
+        initializers.traced_slice_fn(init, key, full, dtype),
         self._trainable)
     lowering.variables[self] = entry
     return entry
@@ -81,57 +88,255 @@ def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
   return out
 
 
-def _variable_op(var):
-  if isinstance(var, graph_lib.Tensor):
-    var = var.operation
-  if not isinstance(var, Variable):
-    raise TypeError("assign: %r is not a variable (pass the Tensor that "
-                    "get_variable returned)" % (var,))
-  return var
+def _variable_op(var, op_name="assign"):
+  """The Variable operation behind var: a Variable, its Tensor, or (as in
+  Mesh TensorFlow) the end of a chain of one-input ops starting at one, such
+  as the cast that get_variable(..., activation_dtype=...) returns."""
+  op = var.operation if isinstance(var, graph_lib.Tensor) else var
+  while (isinstance(op, graph_lib.Operation) and not isinstance(op, Variable)
+         and len(op.inputs) == 1):
+    op = op.inputs[0].operation
+  if not isinstance(op, Variable):
+    raise TypeError("%s: %r is not a variable (pass the Tensor that "
+                    "get_variable returned, or its Variable operation)"
+                    % (op_name, var))
+  return op
+
+
+# --- assign --------------------------------------------------------------------
+# Mesh TensorFlow's per-slice assign functions: assign_fn(variable, slice_var,
+# value) -> TensorFlow op, called once per processor with that processor's
+# slice. The three below map onto native variable updates on every backend;
+# any other assign_fn is run on a stand-in slice variable (see _SliceUpdate).
+def assign_slice(variable, slice_var, val):
+  """Sets slice_var to val (cast to the variable's slice dtype).
+
+  Example:
+    >>> op = mtf.assign(w, new_w, assign_fn=mtf.assign_slice)
+  """
+  return slice_var.assign(tf.cast(val, variable.slice_dtype))
+
+
+def assign_add_slice(variable, slice_var, val):
+  """Adds val (cast to the variable's slice dtype) to slice_var.
+
+  Example:
+    >>> op = mtf.assign(w, delta, assign_fn=mtf.assign_add_slice)
+  """
+  return slice_var.assign_add(tf.cast(val, variable.slice_dtype))
+
+
+def assign_sub_slice(variable, slice_var, val):
+  """Subtracts val (cast to the variable's slice dtype) from slice_var.
+
+  Example:
+    >>> op = mtf.assign(w, grad * lr, assign_fn=mtf.assign_sub_slice)
+  """
+  return slice_var.assign_sub(tf.cast(val, variable.slice_dtype))
+
+
+_NATIVE_MODES = {assign_slice: "assign", assign_add_slice: "add",
+                 assign_sub_slice: "sub"}
+_MODE_FNS = {mode: fn for fn, mode in _NATIVE_MODES.items()}
+
+
+class _SliceUpdate(object):
+  """Stands in for one processor's slice variable while a custom assign_fn
+  runs: it holds the slice's current value and records what the function
+  assigns (assign / assign_add / assign_sub, or tf.compat.v1.assign), so the
+  update becomes an ordinary assignment through the MeshImpl interface and
+  works on every backend (the SPMD program has resource handles, not
+  tf.Variables)."""
+
+  def __init__(self, current):
+    self._current = current
+    self.new_value = None
+
+  dtype = property(lambda self: self._current.dtype)
+  shape = property(lambda self: self._current.shape)
+
+  def value(self):
+    return self._current if self.new_value is None else self.new_value
+
+  read_value = value
+
+  def _set(self, value):
+    self.new_value = tf.cast(value, self._current.dtype)
+    return self.new_value
+
+  def assign(self, value, use_locking=None, name=None, read_value=True):
+    del use_locking, name, read_value
+    return self._set(value)
+
+  def assign_add(self, delta, use_locking=None, name=None, read_value=True):
+    del use_locking, name, read_value
+    return self._set(self.value() + delta)
+
+  def assign_sub(self, delta, use_locking=None, name=None, read_value=True):
+    del use_locking, name, read_value
+    return self._set(self.value() - delta)
+
+  # Mesh TensorFlow's assign functions write tf.assign(v, v + val).
+  def __add__(self, other):
+    return self.value() + other
+
+  def __radd__(self, other):
+    return other + self.value()
+
+  def __sub__(self, other):
+    return self.value() - other
+
+  def __rsub__(self, other):
+    return other - self.value()
+
+  def __mul__(self, other):
+    return self.value() * other
+
+  __rmul__ = __mul__
 
 
 class AssignOperation(graph_lib.Operation):
-  """Sets (or adds to / subtracts from) variables, slice by slice."""
+  """Assigns new values to variables, slice by slice (Mesh TensorFlow's
+  mtf.Assign). assign_fn(variable, slice_var, value) says how: assign_slice
+  (set), assign_add_slice, assign_sub_slice or any function of that form.
+  The strings "assign", "add" and "sub" name the first three."""
 
-  def __init__(self, variables, new_values, mode="assign", name=None):
+  def __init__(self, variables, new_values, assign_fn=assign_slice,
+               name=None):
     self._variables = [_variable_op(v) for v in variables]
     new_values = list(new_values)
+    if len(new_values) != len(self._variables):
+      raise ValueError("assign: %d variables but %d values" % (
+          len(self._variables), len(new_values)))
     for v, x in zip(self._variables, new_values):
+      if not isinstance(x, graph_lib.Tensor):
+        raise TypeError("assign to %r: the value %r is not a meshtf Tensor"
+                        % (v.name, x))
       if x.shape != v.shape:
         raise ValueError("assign to %r: value %s has shape %s, variable has "
                          "shape %s" % (v.name, x.name, x.shape, v.shape))
+    if isinstance(assign_fn, str):
+      if assign_fn not in _MODE_FNS:
+        raise ValueError("assign: mode %r is not one of %s" % (
+            assign_fn, sorted(_MODE_FNS)))
+      assign_fn = _MODE_FNS[assign_fn]
+    if not callable(assign_fn):
+      raise TypeError("assign: assign_fn %r must be a function (variable, "
+                      "slice_var, value) -> op, such as mtf.assign_slice"
+                      % (assign_fn,))
     super().__init__(new_values, mesh=self._variables[0].mesh,
                      name=name or "assign")
-    self._mode = mode
+    self._assign_fn = assign_fn
 
   variables = property(lambda self: list(self._variables))
+  assign_fn = property(lambda self: self._assign_fn)
 
   def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    mode = _NATIVE_MODES.get(self._assign_fn)
     ops = []
     for v, x in zip(self._variables, self._inputs):
       value = lowering.tensors[x]
-      impl = lowering.mesh_impl(self)
       entry = lowering.variables[v]
+      if mode is None:
+        # A custom assign_fn: run it per slice on a _SliceUpdate holding the
+        # slice's current value; what it assigns is then set natively.
+        fn = self._assign_fn
+
+        def update(current, val, v=v, fn=fn):
+          stand_in = _SliceUpdate(current)
+          fn(v, stand_in, val)
+          return stand_in.value()
+        value = impl.slicewise(update, impl.read_variable(entry), value)
+        ops.extend(impl.assign_variable(entry, value, "assign"))
+        continue
       if x.dtype != v.dtype:
-        value = impl.slicewise(lambda t: tf.cast(t, v.dtype), value)
-      ops.extend(impl.assign_variable(entry, value, self._mode))
+        value = impl.slicewise(lambda t, d=v.dtype: tf.cast(t, d), value)
+      ops.extend(impl.assign_variable(entry, value, mode))
     lowering.operations[self] = ops
 
 
-def assign(var, new_val, name=None):
-  """Sets var to new_val. Returns the Operation.
+Assign = AssignOperation  # Mesh TensorFlow's name
+
+
+def assign(var, new_val, assign_fn=assign_slice, name=None):
+  """Sets var to new_val (or applies assign_fn, Mesh TensorFlow's per-slice
+  function (variable, slice_var, value) -> op). Returns the Operation.
+
+  var may be the Tensor that get_variable returned (also through a cast),
+  or the Variable operation. Ops that read var before this assignment in
+  the graph see the old value; read_variable(var) after it sees the new one.
 
   Example:
     >>> update = mtf.assign(w, w - 0.1 * grad_w)
   """
-  return AssignOperation([var], [new_val], "assign", name=name)
+  return AssignOperation([var], [new_val], assign_fn=assign_fn, name=name)
 
 
 def assign_add(var, new_val, name=None):
-  """Adds new_val to var."""
-  return AssignOperation([var], [new_val], "add", name=name or "assign_add")
+  """Adds new_val to var.
+
+  Example:
+    >>> step_op = mtf.assign_add(step, mtf.ones(mesh, [], tf.int64))
+  """
+  return AssignOperation([var], [new_val], assign_add_slice,
+                         name=name or "assign_add")
 
 
 def assign_sub(var, new_val, name=None):
-  """Subtracts new_val from var."""
-  return AssignOperation([var], [new_val], "sub", name=name or "assign_sub")
+  """Subtracts new_val from var.
+
+  Example:
+    >>> update = mtf.assign_sub(w, grad_w * 0.1)
+  """
+  return AssignOperation([var], [new_val], assign_sub_slice,
+                         name=name or "assign_sub")
+
+
+# --- read_variable ---------------------------------------------------------------
+class ReadVariableOperation(graph_lib.Operation):
+  """The variable's value at this point of the program: after the
+  assignments that come before it in the graph (a Variable's own output is
+  its value when the Variable operation runs)."""
+
+  def __init__(self, var, dtype=None, name=None):
+    self._var = _variable_op(var, "read_variable")
+    super().__init__([self._var.outputs[0]], name=name or "read_variable")
+    self._outputs = [graph_lib.Tensor(self, self._var.shape,
+                                      dtype or self._var.dtype)]
+
+  variable = property(lambda self: self._var)
+
+  @property
+  def has_gradient(self):
+    return self._outputs[0].dtype.is_floating and self._var.dtype.is_floating
+
+  def gradient(self, grad_ys):
+    from meshtf.ops import elementwise
+    dy = grad_ys[0]
+    if dy.dtype != self._var.dtype:
+      dy = elementwise.cast(dy, self._var.dtype)
+    return [dy]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    value = impl.read_variable(lowering.variables[self._var])
+    out = self._outputs[0]
+    if out.dtype != self._var.dtype:
+      value = impl.slicewise(lambda t: tf.cast(t, out.dtype), value)
+    lowering.set_tensor_lowering(out, value)
+
+
+def read_variable(var, name=None):
+  """The current value of a variable, read where this op sits in the graph:
+  after assignments made before it (Mesh TensorFlow's mtf.read_variable).
+  var is the Variable operation or the Tensor get_variable returned; the
+  result has that Tensor's dtype (the activation dtype). The gradient flows
+  to the variable as through its own output.
+
+  Example:
+    >>> update = mtf.assign_add(step, one)
+    >>> new_step = mtf.read_variable(step)
+  """
+  dtype = var.dtype if isinstance(var, graph_lib.Tensor) else None
+  return ReadVariableOperation(var, dtype=dtype, name=name).outputs[0]
