@@ -35,6 +35,7 @@ class VariableStore(object):
 
   def __init__(self):
     self._entries = {}
+    self._pending_values = {}  # restored values of not-yet-created variables
 
   def __len__(self):
     return len(self._entries)
@@ -68,6 +69,10 @@ class VariableStore(object):
             "store serves one mesh implementation (save and restore to move "
             "between layouts)" % (name, entry.mesh_impl, mesh_impl))
       return entry
+    if name in self._pending_values:
+      value = self._pending_values.pop(name)
+      _check_restored(name, value, shape, dtype)
+      slice_init_fn = _slicer(value, dtype)
     with tf.init_scope():
       slices = mesh_impl.make_variable_slices(name, shape, dtype,
                                               slice_init_fn, trainable)
@@ -79,3 +84,59 @@ class VariableStore(object):
     """The full value of variable `name` as a numpy array."""
     with tf.init_scope():
       return np.asarray(self.entry(name).full_value())
+
+  def entries(self):
+    """All VariableEntries, sorted by name."""
+    return [self._entries[n] for n in self.names()]
+
+  def restore_values(self, values):
+    """Sets variables from full values {name: numpy array}, whatever mesh
+    or layout saved them: existing variables are assigned slice by slice
+    now; the others take their value when first created (instead of their
+    initializer). Shapes and dtypes must match the graph's.
+
+    Example:
+      >>> store.restore_values({"w": np.zeros([4, 8], np.float32)})
+    """
+    for name, value in sorted(values.items()):
+      entry = self._entries.get(name)
+      if entry is None:
+        self._pending_values[name] = value
+        continue
+      _check_restored(name, value, entry.shape.to_integer_list, entry.dtype)
+      impl = entry.mesh_impl
+      with tf.init_scope():
+        for p in impl.local_pnums():
+          begin = impl.slice_begin(entry.shape, p)
+          sizes = impl.slice_shape(entry.shape)
+          part = value[tuple(slice(b, b + n) for b, n in zip(begin, sizes))]
+          entry.slices[p].assign(tf.constant(part, entry.dtype))
+
+  def unrestored_names(self):
+    """Restored values that no created variable has used yet."""
+    return sorted(self._pending_values)
+
+
+def _check_restored(name, value, shape, dtype):
+  shape = list(shape.to_integer_list if hasattr(shape, "to_integer_list")
+               else shape)
+  if list(np.shape(value)) != shape:
+    raise ValueError(
+        "Restored value of variable %r has shape %s but the model's variable "
+        "has shape %s; the checkpoint comes from a different model config "
+        "(restore it into the model that saved it, or start a new model_dir)"
+        % (name, list(np.shape(value)), shape))
+  if np.asarray(value).dtype != tf.as_dtype(dtype).as_numpy_dtype:
+    raise ValueError(
+        "Restored value of variable %r has dtype %s but the model's variable "
+        "is %s" % (name, np.asarray(value).dtype, tf.as_dtype(dtype).name))
+
+
+def _slicer(value, dtype):
+  """slice_init_fn that cuts a restored full value (numpy) per slice."""
+  def fn(begin, sizes):
+    begin = [int(b) for b in np.asarray(begin)]
+    part = value[tuple(slice(b, b + n) for b, n in zip(begin, sizes))]
+    return tf.constant(part, dtype)
+  fn.traced = True  # plain eager slicing: no tf.function needed
+  return fn

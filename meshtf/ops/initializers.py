@@ -55,7 +55,6 @@ def traced_slice_fn(initializer, key, full_shape, dtype):
     TensorShape([2])
   """
   params = initializer.cache_key()
-  key_words = tf.constant(np.array(key, np.uint32))
 
   def fn(begin, slice_shape):
     if params is None:
@@ -68,7 +67,8 @@ def traced_slice_fn(initializer, key, full_shape, dtype):
                                                list(slice_shape),
                                                list(full_shape), dtype),
           autograph=False)
-    return _TRACED[cache](key_words, begin)
+    # Made here, in the caller's (eager) init scope, not while tracing.
+    return _TRACED[cache](tf.constant(np.array(key, np.uint32)), begin)
   fn.traced = params is not None
   return fn
 

@@ -1,0 +1,6 @@
+"""Training binaries and their parts: checkpoints, data, configs.
+
+Example:
+  >>> from meshtf.train import checkpoint
+  >>> manager = checkpoint.CheckpointManager("/tmp/model_dir")
+"""

@@ -1,0 +1,120 @@
+"""Layout-free, atomic checkpoints (meshtf/train/checkpoint.py)."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import harness
+import meshtf as mtf
+from meshtf.models import optimize
+from meshtf.train import checkpoint
+
+X = harness.random_array([8, 4], 0)
+Y = harness.random_array([8, 6], 1)
+
+
+def train_fn(impl, store):
+  """A MeshFunction: one Adam step of a 2-layer model (the optimizer's
+  slots and the global step are variables too)."""
+  def build(mesh, x, y):
+    x = mtf.import_tf_tensor(mesh, x, "batch:8;io:4")
+    y = mtf.import_tf_tensor(mesh, y, "batch:8;out:6")
+    w1 = mtf.get_variable(mesh, "w1", "io:4;hidden:16")
+    w2 = mtf.get_variable(mesh, "w2", "hidden:16;out:6")
+    h = mtf.relu(mtf.einsum([x, w1], output_shape="batch:8;hidden:16"))
+    out = mtf.einsum([h, w2], output_shape="batch:8;out:6")
+    loss = mtf.reduce_mean(mtf.square(out - y))
+    ws = [w1, w2]
+    optimize.AdamWeightDecayOptimizer(0.05).apply_grads(
+        mtf.gradients([loss], ws), ws)
+    return loss
+  return mtf.MeshFunction(build, impl, variable_store=store)
+
+
+def run_steps(fn, n):
+  return [float(fn(tf.constant(X), tf.constant(Y))) for _ in range(n)]
+
+
+def all_values(store):
+  return {n: store.full_value(n) for n in store.names()}
+
+
+def test_save_on_one_layout_restore_bit_equal_on_others(tmp_path):
+  store = mtf.VariableStore()
+  fn = train_fn(harness.make_impl("simd", "rows:2;cols:4",
+                                  "batch:rows;hidden:cols"), store)
+  run_steps(fn, 2)
+  manager = checkpoint.CheckpointManager(str(tmp_path))
+  path = manager.save(store, step=2)
+  assert os.path.basename(path) == "ckpt-2" and manager.latest() == path
+  saved = all_values(store)
+  assert len(saved) >= 6  # weights + Adam moments + global step
+  expected_next = run_steps(fn, 2)
+  for backend, mesh, layout in [("placement", "all:1", ""),
+                                ("placement", "all:8", "hidden:all"),
+                                ("simd", "rows:2;cols:4", "io:rows;hidden:cols")]:
+    new_store = mtf.VariableStore()
+    assert manager.restore(new_store) == 2
+    fn2 = train_fn(harness.make_impl(backend, mesh, layout), new_store)
+    got_next = run_steps(fn2, 2)  # first call creates the variables
+    np.testing.assert_allclose(got_next, expected_next, rtol=1e-5)
+    restored = mtf.VariableStore()
+    manager.restore(restored)
+    fn3 = train_fn(harness.make_impl(backend, mesh, layout), restored)
+    # Restoring into variables that already exist assigns them slice by slice.
+    fn3(tf.constant(X), tf.constant(Y))
+    manager.restore(restored)
+    for name, value in saved.items():
+      np.testing.assert_array_equal(restored.full_value(name), value,
+                                    err_msg="%s %s" % (backend, name))
+
+
+def test_crash_while_saving_keeps_previous_checkpoint(tmp_path, monkeypatch):
+  store = mtf.VariableStore()
+  fn = train_fn(harness.make_impl("placement", "all:2", "hidden:all"), store)
+  run_steps(fn, 1)
+  manager = checkpoint.CheckpointManager(str(tmp_path))
+  first = manager.save(store, step=1)
+  before = all_values(store)
+  run_steps(fn, 1)
+
+  def crash(**kwargs):
+    raise KeyboardInterrupt("killed while writing")
+  monkeypatch.setattr(tf.raw_ops, "SaveV2", crash)
+  with pytest.raises(KeyboardInterrupt):
+    manager.save(store, step=2)
+  assert manager.latest() == first
+  assert sorted(os.listdir(str(tmp_path))) == ["checkpoint.json", "ckpt-1"]
+  step, values, _ = manager.read()
+  assert step == 1
+  for name, value in before.items():
+    np.testing.assert_array_equal(values[name], value)
+
+
+def test_keeps_last_n(tmp_path):
+  store = mtf.VariableStore()
+  fn = train_fn(harness.make_impl("placement", "all:1", ""), store)
+  run_steps(fn, 1)
+  manager = checkpoint.CheckpointManager(str(tmp_path), max_to_keep=2)
+  for step in (10, 20, 30):
+    manager.save(store, step)
+  assert [s for s, _ in manager.checkpoints()] == [20, 30]
+  assert manager.latest().endswith("ckpt-30")
+  # Readable by plain TensorFlow.
+  reader = tf.train.load_checkpoint(os.path.join(manager.latest(), "variables"))
+  assert reader.get_variable_to_shape_map()["w1"] == [4, 16]
+
+
+def test_restore_into_a_different_model_is_a_clear_error(tmp_path):
+  store = mtf.VariableStore()
+  fn = train_fn(harness.make_impl("placement", "all:1", ""), store)
+  run_steps(fn, 1)
+  manager = checkpoint.CheckpointManager(str(tmp_path))
+  manager.save(store, 1)
+  _, values, _ = manager.read()
+  values["w1"] = np.zeros([5, 16], np.float32)
+  with pytest.raises(ValueError, match=r"'w1' has shape \[5, 16\].*\[4, 16\]"):
+    store.restore_values(values)
+  assert checkpoint.CheckpointManager(str(tmp_path / "empty")).restore(
+      mtf.VariableStore()) is None
