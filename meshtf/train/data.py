@@ -1,0 +1,164 @@
+"""Training data: synthetic algorithmic problems, plain text files (with a
+sentencepiece vocabulary trained on first use) and local TFDS datasets.
+
+Every source yields batches as dicts of int32 numpy arrays with Mesh
+TensorFlow's feature names:
+  targets               [batch, length] token ids (0 = padding, 1 = EOS)
+  targets_weights       [batch, length] 1.0 where the loss counts
+  targets_segmentation  [batch, length] example id within a packed row
+                        (0 = padding), targets_position: position in it
+  inputs, inputs_segmentation, inputs_position   (seq2seq only)
+
+Batches are deterministic functions of (seed, step, row): a restarted run
+sees the same data from any step on, and each worker of a multi-worker mesh
+makes or reads only its own rows (`rows=`).
+
+Example:
+  >>> task = SyntheticTask("copy", vocab_size=16, length=16)
+  >>> batch = task.batch(step=0, batch_size=4, seed=1)
+  >>> batch["targets"].shape
+  (4, 16)
+"""
+import numpy as np
+
+PAD, EOS, SEP = 0, 1, 2
+_FIRST_SYMBOL = 3
+PROBLEMS = ("copy", "reverse", "addition")
+
+
+def _row_rng(seed, step, row, salt=0):
+  # One generator per (seed, step, row): any row of any step is reproducible
+  # on its own, whatever the batch split or restart point.
+  return np.random.default_rng([int(seed), int(step), int(row), salt])
+
+
+class SyntheticTask(object):
+  """Tensor2Tensor-style algorithmic problems, generated on the fly.
+
+  Args:
+    problem: "copy" (output = input), "reverse" (output = reversed input) or
+      "addition" (decimal a+b -> sum, digits least significant first).
+    vocab_size: number of token ids (0 pad, 1 EOS, 2 separator, then
+      symbols; addition needs at least 14: ten digits and '+').
+    length: sequence length of `targets` (LM format: input, separator,
+      output, EOS, padding) or of both `inputs` and `targets` (seq2seq).
+    seq2seq: False for decoder-only LM examples (loss on the output part
+      only), True for encoder-decoder examples.
+  """
+
+  def __init__(self, problem, vocab_size, length, seq2seq=False,
+               min_symbols=2):
+    if problem not in PROBLEMS:
+      raise ValueError("Unknown synthetic problem %r: use one of %s"
+                       % (problem, ", ".join(PROBLEMS)))
+    need = 14 if problem == "addition" else _FIRST_SYMBOL + 2
+    if vocab_size < need:
+      raise ValueError("Synthetic problem %r needs vocab_size >= %d, got %d"
+                       % (problem, need, vocab_size))
+    self.problem = problem
+    self.vocab_size = vocab_size
+    self.length = length
+    self.seq2seq = seq2seq
+    # LM: n input + 1 separator + n output + 1 EOS <= length.
+    self.max_symbols = (length - 1) if seq2seq else (length - 2) // 2
+    if problem == "addition":
+      # a + b: digits(a) + 1 + digits(b) symbols; sum has <= digits + 1.
+      self.max_digits = max(1, (self.max_symbols - 2) // 2)
+    self.min_symbols = min(min_symbols, self.max_symbols)
+    if self.max_symbols < 1:
+      raise ValueError("Synthetic problem length %d is too short" % length)
+
+  def example(self, rng):
+    """(input tokens, output tokens) of one random example."""
+    if self.problem == "addition":
+      na = rng.integers(1, self.max_digits + 1)
+      nb = rng.integers(1, self.max_digits + 1)
+      a = int("".join(str(d) for d in rng.integers(0, 10, na)))
+      b = int("".join(str(d) for d in rng.integers(0, 10, nb)))
+      digits = lambda v: [_FIRST_SYMBOL + int(c) for c in reversed(str(v))]
+      return digits(a) + [_FIRST_SYMBOL + 10] + digits(b), digits(a + b)
+    n = rng.integers(self.min_symbols, self.max_symbols + 1)
+    x = list(rng.integers(_FIRST_SYMBOL, self.vocab_size, n))
+    return x, (x if self.problem == "copy" else x[::-1])
+
+  def batch(self, step, batch_size, seed=0, rows=None):
+    """The batch of `step` (only `rows` of it, if given: a worker's share)."""
+    rows = range(batch_size) if rows is None else rows
+    out = {}
+    for i, row in enumerate(rows):
+      x, y = self.example(_row_rng(seed, step, row))
+      if self.seq2seq:
+        feats = {"inputs": _padded(x + [EOS], self.length),
+                 "targets": _padded(y + [EOS], self.length)}
+        feats["targets_weights"] = (feats["targets"] != PAD).astype(np.float32)
+      else:
+        seq = x + [SEP] + y + [EOS]
+        feats = {"targets": _padded(seq, self.length)}
+        weights = np.zeros(self.length, np.float32)
+        weights[len(x) + 1:len(seq)] = 1.0  # predict output and EOS only
+        feats["targets_weights"] = weights
+      for k, v in _segment_features(feats).items():
+        out.setdefault(k, []).append(v)
+    return {k: np.stack(v) for k, v in out.items()}
+
+
+def _padded(tokens, length):
+  tokens = list(tokens)[:length]
+  return np.array(tokens + [PAD] * (length - len(tokens)), np.int32)
+
+
+def _segment_features(feats):
+  """Adds <name>_segmentation (1 on tokens) and <name>_position."""
+  out = dict(feats)
+  for name in ("inputs", "targets"):
+    if name in feats:
+      seg = (feats[name] != PAD).astype(np.int32)
+      out[name + "_segmentation"] = seg
+      out[name + "_position"] = (np.arange(len(seg)) * seg).astype(np.int32)
+  return out
+
+
+def pack(examples, length):
+  """Greedily packs examples (dicts {feature: 1-D token array}, each ending
+  in EOS) into rows of `length`: an example joins the current row if every
+  one of its features still fits. Returns rows as dicts with <feature>,
+  <feature>_segmentation (example number in the row, 0 = padding) and
+  <feature>_position.
+
+  Example:
+    >>> rows = pack([{"targets": np.array([5, 6, 1])},
+    ...              {"targets": np.array([7, 1])}], length=6)
+    >>> rows[0]["targets_segmentation"].tolist()
+    [1, 1, 1, 2, 2, 0]
+  """
+  rows, current, used = [], [], {}
+  for ex in examples:
+    ex = {k: np.asarray(v, np.int32)[:length] for k, v in ex.items()}
+    if current and any(used[k] + len(v) > length for k, v in ex.items()):
+      rows.append(_pack_row(current, length))
+      current, used = [], {}
+    current.append(ex)
+    for k, v in ex.items():
+      used[k] = used.get(k, 0) + len(v)
+  if current:
+    rows.append(_pack_row(current, length))
+  return rows
+
+
+def _pack_row(group, length):
+  row = {}
+  for name in sorted(group[0]):
+    tokens = np.zeros(length, np.int32)
+    seg = np.zeros(length, np.int32)
+    pos = np.zeros(length, np.int32)
+    at = 0
+    for i, ex in enumerate(group):
+      v = ex[name]
+      tokens[at:at + len(v)] = v
+      seg[at:at + len(v)] = i + 1
+      pos[at:at + len(v)] = np.arange(len(v))
+      at += len(v)
+    row[name] = tokens
+    row[name + "_segmentation"] = seg
+    row[name + "_position"] = pos
+  return row
