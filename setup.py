@@ -15,8 +15,13 @@ setup(
         "tensorflow>=2.16",
         "numpy",
         "absl-py",
+        "ml-collections",  # config files (t2t_configs/) and --config.* flags
+        "sentencepiece",   # vocabularies for text data
+        "tqdm",            # training progress bar
     ],
     extras_require={
         "test": ["pytest", "pytest-timeout", "hypothesis"],
+        # Reading TFDS datasets from a local data_dir (never downloads).
+        "tfds": ["tensorflow-datasets"],
     },
 )
