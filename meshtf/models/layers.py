@@ -408,11 +408,232 @@ def attention_mask_same_segment(query_segment, memory_segment=None,
   return mtf.cast(mtf.not_equal(query_segment, memory_segment), dtype) * -1e9
 
 
+
+# --- dense_product, batch_norm, local attention ------------------------------
+def dense_product(x, reduced_dims, new_dims, activation_functions=None,
+                  name="dense_product", **kwargs):
+  """The elementwise product of several dense layers of x, one per entry of
+  activation_functions (Mesh TensorFlow's gated units: ["linear",
+  "sigmoid"] is a GLU, ["gelu", None] a GEGLU).
+
+  Each activation is a function, the name of a meshtf op ("relu", "gelu",
+  "sigmoid", ...), or None / "linear" for none. With several factors the
+  layers are named "<name>_0", "<name>_1", ... (one factor: "<name>").
+  kwargs go to dense (use_bias, kernel_initializer, variable_dtype, ...).
+
+  Example:
+    >>> h = dense_product(x, [d_model], [d_ff], ["gelu", None])   # GEGLU
+  """
+  acts = (list(activation_functions)
+          if isinstance(activation_functions, (list, tuple))
+          else [activation_functions])
+  fns = []
+  for a in acts:
+    if a is None or a == "linear":
+      fns.append(None)
+    elif isinstance(a, str):
+      fn = getattr(mtf, a, None)
+      if not callable(fn):
+        raise ValueError("dense_product: activation %r is not a meshtf op; "
+                         "use e.g. \"relu\", \"gelu\", \"sigmoid\", "
+                         "\"linear\" or a function" % a)
+      fns.append(fn)
+    elif callable(a):
+      fns.append(a)
+    else:
+      raise TypeError("dense_product: activation %r must be a function, a "
+                      "meshtf op name or None" % (a,))
+  if len(fns) == 1:
+    names = [name]
+  else:
+    scope = _scope(x.mesh, name, "dense_product")
+    names = ["%s_%d" % (scope, i) for i in range(len(fns))]
+  factors = [dense(x, new_dims, reduced_dims=reduced_dims, activation=fn,
+                   name=n, **kwargs) for fn, n in zip(fns, names)]
+  out = factors[0]
+  for f in factors[1:]:
+    out = mtf.multiply(out, f)
+  return out
+
+
+def batch_norm(x, is_training, momentum, epsilon=1e-9, dims_idx_start=0,
+               dims_idx_end=-1, init_zero=False, name=None,
+               dims_to_normalize=None):
+  """Batch normalization (Mesh TensorFlow's signature); returns
+  (output, update_ops).
+
+  The dims x.shape.dims[dims_idx_start:dims_idx_end] (or dims_to_normalize)
+  are normalized over: mean and variance are taken over them, per position
+  of the other dims. Where a normalized dim (the batch) is split, the
+  moments are allreduced, so the statistics are those of the whole batch.
+  Variables under "<name>/" (default "batch_norm"): batch_norm_scale (ones,
+  or zeros if init_zero), batch_norm_bias (zeros), and the non-trainable
+  bn_moving_mean (standard normal, as Mesh TensorFlow) and
+  bn_moving_variance (ones), all shaped like the other dims.
+
+  Training: normalizes with the batch moments; update_ops are two assigns,
+  moving = momentum * moving + (1 - momentum) * batch moment (the variance
+  is the biased one). Otherwise: normalizes with the moving moments and
+  update_ops is []. Output: normalized * scale + bias, shaped like x.
+
+  Example:
+    >>> y, updates = batch_norm(x, True, momentum=0.99, dims_idx_end=-1)
+  """
+  if dims_to_normalize is not None:
+    norm_dims = _dim_list(dims_to_normalize)
+    _check_dims(x, norm_dims, "batch_norm dims_to_normalize")
+  else:
+    norm_dims = x.shape.dims[dims_idx_start:dims_idx_end]
+  if not norm_dims:
+    raise ValueError(
+        "batch_norm: no dim of %s %s to normalize over (dims_idx_start=%d, "
+        "dims_idx_end=%d); pass the batch dims, e.g. dims_to_normalize=[batch]"
+        % (x.name, x.shape, dims_idx_start, dims_idx_end))
+  if not x.dtype.is_floating:
+    raise TypeError("batch_norm: %s has dtype %s; it needs a float tensor"
+                    % (x.name, x.dtype.name))
+  reduced_shape = x.shape - [d.name for d in norm_dims]
+  scope = _scope(x.mesh, name, "batch_norm")
+
+  def var(suffix, initializer, trainable=True):
+    return mtf.get_variable(x.mesh, scope + "/" + suffix, reduced_shape,
+                            initializer=initializer, trainable=trainable,
+                            activation_dtype=x.dtype)
+  scale = var("batch_norm_scale", mtf.zeros_initializer() if init_zero
+              else mtf.ones_initializer())
+  bias = var("batch_norm_bias", mtf.zeros_initializer())
+  moving_mean = var("bn_moving_mean",
+                    mtf.random_normal_initializer(stddev=1.0), False)
+  moving_variance = var("bn_moving_variance", mtf.ones_initializer(), False)
+  if is_training:
+    mean = mtf.reduce_mean(x, output_shape=reduced_shape)
+    centered = x - mean
+    variance = mtf.reduce_mean(mtf.square(centered),
+                               output_shape=reduced_shape)
+    norm_x = centered * mtf.rsqrt(variance + epsilon)
+    updates = [
+        mtf.assign(moving_mean,
+                   momentum * moving_mean + (1.0 - momentum) * mean,
+                   name=scope + "/bn_mean_update"),
+        mtf.assign(moving_variance,
+                   momentum * moving_variance + (1.0 - momentum) * variance,
+                   name=scope + "/bn_var_update")]
+  else:
+    norm_x = (x - moving_mean) * mtf.rsqrt(moving_variance + epsilon)
+    updates = []
+  return mtf.add(norm_x * scale, bias, output_shape=x.shape), updates
+
+
+def masked_local_attention_1d(x, kv_channels, heads, window_size=128,
+                              master_dtype=tf.float32,
+                              slice_dtype=tf.float32, length_per_split=None,
+                              return_kv=None, params=None, name=None):
+  """Causal local self-attention: position p attends to positions
+  (p - window_size, p] (Mesh TensorFlow's mtf.layers signature).
+
+  x: [batch..., length, io_channels]; returns the same shape. The length is
+  cut into blocks; each block's keys and values get the window_size
+  positions before the block prepended (left_halo_exchange: a shift along
+  the blocks dim, i.e. collective permutes when length is split), so the
+  attention is block-local. The blocks dim keeps length's name, so it is
+  split like length: the block length is the largest divisor of
+  length_per_split (the length per processor; default the whole length)
+  that is at most max(window_size, 128), and a layout that splits length
+  must split it into whole blocks (else the lowering raises a LayoutError:
+  pass length_per_split). The numbers do not depend on the block length.
+
+  Positions before 0 are masked out. (Mesh TensorFlow's code attends to its
+  zero-padded keys there, and masks by block length rather than by window,
+  so a query can see up to block_length earlier positions; this follows its
+  docstring, which is also layout-independent.)
+
+  params: an optional (wq, wk, wv, wo) as from multihead_attention_vars
+  (else variables "<name>/q", ...). return_kv: an optional list to which
+  the keys and values [batch..., heads, length, kv_channels] are appended.
+  master_dtype / slice_dtype: the variables' dtypes (activations use x's).
+
+  Example:
+    >>> y = masked_local_attention_1d(
+    ...     x, mtf.Dimension("d_kv", 64), mtf.Dimension("heads", 8),
+    ...     window_size=128)
+  """
+  from meshtf.ops import slicing
+  kv_channels = mtf.convert_to_dimension(kv_channels)
+  heads = mtf.convert_to_dimension(heads)
+  if x.shape.ndims < 2:
+    raise ValueError("masked_local_attention_1d: x %s %s needs [batch..., "
+                     "length, io_channels]" % (x.name, x.shape))
+  batch_dims = list(x.shape.dims[:-2])
+  length, io_channels = x.shape.dims[-2:]
+  window_size = int(window_size)
+  if window_size < 1:
+    raise ValueError("masked_local_attention_1d: window_size must be >= 1, "
+                     "got %d" % window_size)
+  per_split = length.size if length_per_split is None else int(
+      length_per_split)
+  if per_split < 1 or length.size % per_split:
+    raise ValueError(
+        "masked_local_attention_1d: length_per_split=%r must divide the "
+        "length %s:%d" % (length_per_split, length.name, length.size))
+  if params is None:
+    params = multihead_attention_vars(
+        x.mesh, heads, io_channels, kv_channels,
+        dtypes.VariableDType(master_dtype, slice_dtype, x.dtype),
+        name=name or "masked_local_attention_1d")
+  wq, wk, wv, wo = [mtf.cast(w, x.dtype) if w.dtype != x.dtype else w
+                    for w in params]
+  qkv_shape = mtf.Shape(batch_dims + [heads, length, kv_channels])
+  q = mtf.einsum([x, wq], output_shape=qkv_shape)
+  block = max(window_size, 128)
+  while per_split % block:
+    block -= 1
+  query_block = mtf.Dimension("query_block_length", block)
+  memory_block = mtf.Dimension("memory_block_length", block)
+  # Same name as length: the blocks are split the way length is.
+  num_blocks = mtf.Dimension(length.name, length.size // block)
+  q = mtf.reshape(q, batch_dims + [heads, num_blocks, query_block,
+                                   kv_channels])
+  # Keys and values travel together: one halo exchange (one pair of
+  # collective permutes where length is split) for both.
+  pair = mtf.Dimension("_local_attention_kv", 2)
+  if wv.shape != wk.shape:
+    wv = mtf.transpose(wv, wk.shape)  # same dims, maybe in another order
+  kv = mtf.einsum([x, mtf.stack([wk, wv], pair.name, axis=0)],
+                  output_shape=mtf.Shape([pair] + qkv_shape.dims))
+  if return_kv is not None:
+    return_kv.extend(mtf.unstack(kv, pair))
+  kv = mtf.reshape(kv, [pair] + batch_dims + [heads, num_blocks,
+                                              memory_block, kv_channels])
+  k, v = mtf.unstack(slicing.left_halo_exchange(kv, num_blocks, memory_block,
+                                                window_size), pair)
+  padded = mtf.Dimension(memory_block.name, block + window_size)
+  # Memory index m of a block starting at s holds position s - window + m;
+  # query index i holds s + i, i.e. memory index i + window.
+  mpos = mtf.range(x.mesh, padded, tf.int32)
+  qpos = mtf.range(x.mesh, query_block, tf.int32) + window_size
+  start = mtf.range(x.mesh, num_blocks, tf.int32) * block
+  hidden = mtf.logical_or(mtf.greater(mpos, qpos),  # the future
+                          mtf.less_equal(mpos, qpos - window_size))  # too old
+  hidden = mtf.logical_or(hidden, mtf.less(start + mpos, window_size))  # < 0
+  mask = mtf.cast(hidden, x.dtype) * -1e9
+  o = dot_product_attention(q, k, v, mask)
+  o = mtf.reshape(o, batch_dims + [heads, length, kv_channels])
+  return mtf.einsum([o, wo], output_shape=mtf.Shape(
+      batch_dims + [length, io_channels]))
+
+
 __all__ = [
     "dense", "layer_norm", "rms_norm", "embedding_weights", "embedding",
     "softmax_cross_entropy_with_logits", "dense_relu_dense",
     "rename_length_to_memory_length", "dot_product_attention",
     "multihead_attention_vars", "multihead_attention",
     "attention_mask_autoregressive", "attention_mask_ignore_padding",
-    "attention_mask_same_segment",
+    "attention_mask_same_segment", "dense_product", "batch_norm",
+    "masked_local_attention_1d",
 ]
+
+# mtf.layers also holds the convolution layers and pools (Mesh TensorFlow's
+# layers.py had them); they live in their own module.
+from meshtf.models.conv_layers import *  # noqa: E402,F401,F403
+from meshtf.models import conv_layers as _conv_layers  # noqa: E402
+__all__ += _conv_layers.__all__

@@ -1,4 +1,5 @@
-"""Shape ops: reshape, rename_dimension, replace_dimensions, transpose.
+"""Shape ops: reshape, rename_dimension, replace_dimensions, transpose,
+anonymize / anonymous_shape (replicate a tensor) and combined_dimension.
 
 reshape may change layouts, and so communicates (MeshImpl.reshape):
 split -> unsplit is an allconcat, unsplit -> split a local slice, another
@@ -122,3 +123,45 @@ def transpose(x, new_shape, name=None):
   if new_shape == x.shape:
     return x
   return TransposeOperation(x, new_shape, name=name).outputs[0]
+
+
+# --- anonymous dims ----------------------------------------------------------
+def anonymous_shape(shape):
+  """shape with its dims renamed "_anonymous_0", "_anonymous_1", ... (sizes
+  kept). No layout rule names them, so a tensor of this shape is
+  replicated: every processor holds all of it.
+
+  Example:
+    >>> mtf.anonymous_shape("batch:4;io:3")
+    Shape([_anonymous_0:4, _anonymous_1:3])
+  """
+  shape = shapes.convert_to_shape(shape)
+  return shapes.Shape([shapes.Dimension("_anonymous_%d" % i, d.size)
+                       for i, d in enumerate(shape.dims)])
+
+
+def anonymize(x, name=None):
+  """x reshaped to anonymous_shape(x.shape): the same values, replicated on
+  every processor (an allconcat over each mesh axis that splits x, none
+  otherwise). Reshaping back to named dims is a local slice.
+
+  Example:
+    >>> everywhere = mtf.anonymize(logits)   # e.g. before a host export
+  """
+  return reshape(x, anonymous_shape(x.shape), name=name or "anonymize")
+
+
+def combined_dimension(dims, name=None):
+  """One Dimension as large as the product of dims' sizes, named name or
+  the first dim's name (Mesh TensorFlow's helper, e.g. to flatten [heads,
+  d_kv] into one dim with replace_dimensions).
+
+  Example:
+    >>> hidden = mtf.combined_dimension([heads, d_kv], name="hidden")
+    >>> y = mtf.replace_dimensions(x, [heads, d_kv], hidden)
+  """
+  dims = [shapes.convert_to_dimension(d) for d in (dims or [])]
+  if not dims:
+    raise ValueError("combined_dimension: dims is empty; pass a list of one "
+                     "or more Dimensions")
+  return shapes.Dimension(name or dims[0].name, shapes.Shape(dims).size)

@@ -1,5 +1,6 @@
 """Slicing ops: slice (mtf_slice), pad, concat, split, stack, unstack, shift,
-halo_exchange, pool_tensor_1d and stride_tensor_1d.
+halo_exchange, left_halo_exchange, dynamic_shift, pool_tensor_1d and
+stride_tensor_1d.
 
 Mesh TensorFlow refused most of these when the dimension they work along was
 split over a mesh axis. Here every op works under any layout:
@@ -14,7 +15,10 @@ split over a mesh axis. Here every op works under any layout:
                    needs from the processors `offset` positions before it
                    (at most two collective permutes, of |offset| mod stripe
                    and stripe - |offset| mod stripe elements).
-  halo_exchange    composed of shift, slice and concat (Mesh TF's algorithm).
+  halo_exchange,   composed of shift, slice and concat (Mesh TF's algorithm).
+  left_halo_exchange
+  dynamic_shift    a gather along the dim at per-position source indices (an
+                   allreduce over the dim's mesh axis where it is split).
   pool_tensor_1d,  a reshape pool_dim -> [pool_dim, tmp_pool] (MeshImpl.reshape
   stride_tensor_1d does the relayout), then a reduction or slice of tmp_pool.
 
@@ -482,6 +486,85 @@ def halo_exchange(x, blocks_dim, block_size_dim, halo_size, wrap=False):
   return concat(parts, block_size_dim.name)
 
 
+def left_halo_exchange(x, blocks_dim, block_size_dim, halo_size, wrap=False):
+  """Like halo_exchange, on the left side only: each block gets the last
+  halo_size elements before it (from the previous blocks along blocks_dim)
+  prepended, and block_size_dim grows by halo_size. Used by causal local
+  attention. Blocks before the first give zeros unless wrap.
+
+  Example:
+    >>> k = mtf.left_halo_exchange(k, num_blocks, memory_block_length, 128)
+  """
+  blocks_dim = _find_dim(x.shape, blocks_dim, "left_halo_exchange",
+                         "blocks_dim")[1]
+  block_size_dim = _find_dim(x.shape, block_size_dim, "left_halo_exchange",
+                             "block_size_dim")[1]
+  if halo_size == 0:
+    return x
+  partial = halo_size % block_size_dim.size
+  complete = halo_size // block_size_dim.size
+  parts = [x]
+  for i in range(1, complete + 1):
+    parts = [shift(x, i, blocks_dim, wrap)] + parts
+  if partial:
+    right = mtf_slice(x, block_size_dim.size - partial, partial,
+                      block_size_dim.name)
+    parts = [shift(right, complete + 1, blocks_dim, wrap)] + parts
+  return concat(parts, block_size_dim.name)
+
+
+# --- dynamic_shift -----------------------------------------------------------
+def dynamic_shift(x, offset, dim, wrap, name=None):
+  """x shifted along dim by a per-position amount: out[..., i, ...] =
+  x[..., i - offset[...], ...], zeros shifted in (wrap=False) or a rotation
+  (wrap=True). offset is an integer Tensor whose dims are a subset of x's
+  other dims (Mesh TensorFlow's mtf.dynamic_shift), e.g. one shift per
+  batch row.
+
+  A gather along dim at the source positions: where dim is split, each
+  processor reads the sources in its own stripe and the stripes add up (an
+  allreduce over dim's mesh axis). The gradient is the scatter back.
+
+  Example:
+    >>> y = mtf.dynamic_shift(x, shift_per_row, length_dim, wrap=False)
+  """
+  from meshtf.ops import elementwise
+  from meshtf.ops import index
+  from meshtf.ops import shape_ops
+  _, dim = _find_dim(x.shape, dim, "dynamic_shift")
+  if not isinstance(offset, graph_lib.Tensor):
+    raise TypeError("dynamic_shift: offset %r must be an integer meshtf "
+                    "Tensor (for a fixed offset use mtf.shift)" % (offset,))
+  if not offset.dtype.is_integer:
+    raise TypeError("dynamic_shift: offset %s has dtype %s, not an integer "
+                    "dtype; cast it with mtf.cast(offset, tf.int32)" % (
+                        offset.name, offset.dtype.name))
+  if offset.shape.has_dim_name(dim.name):
+    raise ValueError("dynamic_shift: offset %s %s may not contain the shifted "
+                     "dim %r" % (offset.name, offset.shape, dim.name))
+  for d in offset.shape.dims:
+    if d not in x.shape.dims:
+      raise ValueError(
+          "dynamic_shift: offset %s %s must use only dims of x %s %s (other "
+          "than %r); %s:%d is not one" % (offset.name, offset.shape, x.name,
+                                          x.shape, dim.name, d.name, d.size))
+  name = name or "dynamic_shift"
+  # The output positions under a temporary (unsplit) name, then renamed.
+  tmp = shapes.Dimension("_dynamic_shift_" + dim.name, dim.size)
+  if x.shape.has_dim_name(tmp.name):
+    raise ValueError("dynamic_shift: x %s already has a dim named %r" % (
+        x.shape, tmp.name))
+  position = index.mtf_range(x.mesh, tmp, offset.dtype, name=name + "_range")
+  source = elementwise.sub(position, offset)
+  if wrap:
+    source = elementwise.mod(source, dim.size)  # floor mod: non-negative
+  # Sources outside [0, dim.size) read zeros (gather's out-of-range rule).
+  out_shape = shapes.Shape([tmp if d.name == dim.name else d
+                            for d in x.shape.dims])
+  y = index.gather(x, source, dim, output_shape=out_shape, name=name)
+  return shape_ops.rename_dimension(y, tmp.name, dim.name)
+
+
 # --- pool_tensor_1d / stride_tensor_1d ---------------------------------------
 def _blocked(tensor, pool_dim, pool_size, op_name):
   """tensor reshaped so pool_dim:n becomes [pool_dim:n/pool_size,
@@ -533,4 +616,5 @@ def stride_tensor_1d(tensor, pool_dim, pool_size=2):
 
 
 __all__ = ["mtf_slice", "slice", "pad", "concat", "split", "stack", "unstack",
-           "shift", "halo_exchange", "pool_tensor_1d", "stride_tensor_1d"]
+           "shift", "halo_exchange", "left_halo_exchange", "dynamic_shift",
+           "pool_tensor_1d", "stride_tensor_1d"]

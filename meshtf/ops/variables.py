@@ -103,7 +103,7 @@ def _variable_op(var, op_name="assign"):
   return op
 
 
-# --- assign --------------------------------------------------------------------
+# --- assign ------------------------------------------------------------------
 # Mesh TensorFlow's per-slice assign functions: assign_fn(variable, slice_var,
 # value) -> TensorFlow op, called once per processor with that processor's
 # slice. The three below map onto native variable updates on every backend;
@@ -293,7 +293,7 @@ def assign_sub(var, new_val, name=None):
                          name=name or "assign_sub")
 
 
-# --- read_variable ---------------------------------------------------------------
+# --- read_variable -----------------------------------------------------------
 class ReadVariableOperation(graph_lib.Operation):
   """The variable's value at this point of the program: after the
   assignments that come before it in the graph (a Variable's own output is

@@ -302,3 +302,194 @@ def test_multihead_attention_matches_tf_with_memory():
               "m": (m_np, "batch:2;memory_length:6;d_model:8")},
       [(TWO, "batch:rows;heads:cols"), (TWO, "memory_length:rows;d_kv:cols")],
       wrt=["x", "m"], reference=ref, rtol=1e-4, atol=1e-4)
+
+
+# --- dense_product -----------------------------------------------------------
+SMALL = "rows:2;cols:2"  # 4 devices: SPMD runs on 8 cost ~3x more
+def test_dense_product_geglu_matches_tf():
+  """["gelu", None] (a GEGLU): gelu(x W0) * (x W1), both factors' kernels
+  set by the shared kernel_initializer kwarg."""
+  x_np, w_np = RA([8, 8], 30), RA([8, 16], 31)
+
+  def model(mesh, x):
+    d_model, d_ff = x["x"].shape.dims[-1], mtf.Dimension("d_ff", 16)
+    return {"y": layers.dense_product(
+        x["x"], [d_model], [d_ff], ["gelu", None], use_bias=False,
+        kernel_initializer=mtf.constant_initializer(w_np))}
+
+  def ref(x):
+    h = x["x"] @ w_np
+    return {"y": tf.nn.gelu(h, approximate=True) * h}
+  runs = harness.assert_layout_invariant(
+      model, {"x": (x_np, "batch:8;d_model:8")},
+      [("all:4", "d_ff:all"), (SMALL, "batch:rows;d_model:cols"),
+       (SMALL, "d_model:rows;d_ff:cols")],
+      wrt=["x"], reference=ref, rtol=1e-4, atol=1e-4)
+  graph = next(iter(runs.values())).graph
+  assert [v.name for v in graph.trainable_variables] == [
+      "dense_product_0/kernel", "dense_product_1/kernel"]
+
+
+def test_dense_product_names_and_activations():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.zeros(mesh, "batch:2;d_model:4")
+  d_model, d_ff = x.shape.dims[-1], mtf.Dimension("d_ff", 8)
+  y = layers.dense_product(x, [d_model], [d_ff], activation_functions="relu",
+                           name="ffn")
+  layers.dense_product(x, [d_model], [d_ff], ["linear", mtf.sigmoid])  # GLU
+  assert y.shape == mtf.convert_to_shape("batch:2;d_ff:8")
+  assert [v.name for v in graph.trainable_variables] == [
+      "ffn/kernel", "ffn/bias", "dense_product_0/kernel",
+      "dense_product_0/bias", "dense_product_1/kernel", "dense_product_1/bias"]
+  with pytest.raises(ValueError, match="'no_such_op' is not a meshtf op"):
+    layers.dense_product(x, [d_model], [d_ff], ["no_such_op"])
+
+
+# --- batch_norm --------------------------------------------------------------
+BN_MOMENTUM, BN_EPS = 0.9, 1e-3
+BN_MOVING_MEAN = RA([4], 32)
+
+
+def test_batch_norm_matches_tf_and_updates_moving_stats():
+  """Training over [batch, length] (split by the layouts): the output and
+  its gradients match tf.nn.batch_normalization with the batch moments, and
+  the assigns move the moving statistics by (1 - momentum) * moment (read
+  back with read_variable)."""
+  from meshtf.ops import variables
+  x_np = RA([8, 2, 4], 33) * 2.0 + 0.5
+
+  def model(mesh, x):
+    y, updates = layers.batch_norm(x["x"], True, BN_MOMENTUM, BN_EPS)
+    assert [op.name for op in updates] == ["batch_norm/bn_mean_update",
+                                           "batch_norm/bn_var_update"]
+    v = {var.name: var for var in mesh.graph.all_variables}
+    out = {"y": y}
+    for n in ("mean", "variance"):
+      var = v["batch_norm/bn_moving_" + n]
+      out[n + "_step"] = (variables.read_variable(var) -
+                          BN_MOMENTUM * var.outputs[0])
+    return out
+
+  def ref(x):
+    mean, var = tf.nn.moments(x["x"], [0, 1])
+    step = lambda m: tf.stop_gradient((1.0 - BN_MOMENTUM) * m)
+    return {"y": tf.nn.batch_normalization(x["x"], mean, var, None, None,
+                                           BN_EPS),
+            "mean_step": step(mean), "variance_step": step(var)}
+  runs = harness.assert_layout_invariant(
+      model, {"x": (x_np, "batch:8;length:2;channels:4")},
+      [("all:4", "batch:all"), (SMALL, "batch:rows;channels:cols"),
+       (SMALL, "length:rows;batch:cols")],
+      wrt=["x"], reference=ref, rtol=1e-4, atol=1e-4)
+  graph = next(iter(runs.values())).graph
+  assert [v.name for v in graph.trainable_variables] == [
+      "batch_norm/batch_norm_scale", "batch_norm/batch_norm_bias"]
+  assert [v.name for v in graph.all_variables][2:] == [
+      "batch_norm/bn_moving_mean", "batch_norm/bn_moving_variance"]
+
+
+def test_batch_norm_eval_uses_moving_stats():
+  """is_training=False: (x - moving_mean) / sqrt(moving_variance + eps),
+  no updates; dims_to_normalize names the dims."""
+  x_np = RA([8, 2, 4], 34)
+
+  def model(mesh, x):
+    y, updates = layers.batch_norm(x["x"], False, BN_MOMENTUM, BN_EPS,
+                                   dims_to_normalize=x["x"].shape.dims[:2],
+                                   name="bn_eval")
+    assert updates == []
+    # A known moving mean for the reference (the default is random normal).
+    mesh.graph.all_variables[2]._initializer = mtf.constant_initializer(
+        BN_MOVING_MEAN)
+    return {"y": y}
+  harness.assert_layout_invariant(
+      model, {"x": (x_np, "batch:8;length:2;channels:4")},
+      [("all:2", "channels:all")], wrt=["x"], reference=lambda x: {
+          "y": (x["x"] - BN_MOVING_MEAN) / np.sqrt(1.0 + BN_EPS)},
+      rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_errors():
+  x = mtf.zeros(mtf.Mesh(mtf.Graph(), "m"), "batch:2;channels:4")
+  with pytest.raises(ValueError, match="batch_norm: no dim"):
+    layers.batch_norm(x, True, 0.9, dims_idx_start=1, dims_idx_end=1)
+  with pytest.raises(ValueError, match="has no dimension depth"):
+    layers.batch_norm(x, True, 0.9, dims_to_normalize=[
+        mtf.Dimension("depth", 2)])
+
+
+# --- masked_local_attention_1d -----------------------------------------------
+def _tf_local_attention(x, wq, wk, wv, wo, window):
+  q = tf.einsum("bli,ihd->bhld", x, wq)
+  k = tf.einsum("bmi,ihd->bhmd", x, wk)
+  v = tf.einsum("bmi,ihd->bhmd", x, wv)
+  n = x.shape[1]
+  p, m = np.arange(n)[:, None], np.arange(n)[None, :]
+  bias = np.where((m <= p) & (m > p - window), 0.0, -1e9).astype(np.float32)
+  w = tf.nn.softmax(tf.einsum("bhld,bhmd->bhlm", q, k) + bias)
+  return tf.einsum("bhlm,bhmd,hdi->bli", w, v, wo)
+
+
+LOCAL_X = RA([2, 16, 4], 34)
+LOCAL_W = [RA([4, 2, 2], 35 + i) for i in range(3)] + [RA([2, 2, 4], 38)]
+
+
+def _local_attention_model(window, length_per_split):
+  def model(mesh, x):
+    heads, d_kv = mtf.Dimension("heads", 2), mtf.Dimension("d_kv", 2)
+    d_model = x["x"].shape.dims[-1]
+    shapes = [[d_model, heads, d_kv]] * 3 + [[heads, d_kv, d_model]]
+    # Not trainable: the weights' gradients are plain einsums (tested
+    # elsewhere), and leaving them out keeps the test quick.
+    params = [mtf.get_variable(mesh, n, s, trainable=False,
+                               initializer=mtf.constant_initializer(w))
+              for n, s, w in zip("qkvo", shapes, LOCAL_W)]
+    kv = []
+    y = layers.masked_local_attention_1d(
+        x["x"], d_kv, heads, window_size=window,
+        length_per_split=length_per_split, params=params, return_kv=kv)
+    assert [t.shape for t in kv] == [mtf.convert_to_shape(
+        "batch:2;heads:2;length:16;d_kv:2")] * 2
+    return {"y": y}
+  return model
+
+
+def test_masked_local_attention_1d_matches_tf():
+  """Position p sees (p - window, p]. Window 6 with blocks of 4: the halo is
+  a block and a half, from the previous processor where length is split
+  (alone, or with heads or batch)."""
+  harness.assert_layout_invariant(
+      _local_attention_model(6, 4),
+      {"x": (LOCAL_X, "batch:2;length:16;d_model:4")},
+      [("all:4", "length:all"), (SMALL, "length:rows;heads:cols"),
+       ("a:2;b:2", "batch:a;length:b")],
+      wrt=["x"], reference=lambda x: {"y": _tf_local_attention(
+          x["x"], *LOCAL_W, window=6)}, rtol=1e-4, atol=1e-4)
+
+
+def test_masked_local_attention_1d_blocks_longer_than_window():
+  """Window 3 with blocks of 8 (the mask, not the halo, limits the window)."""
+  harness.assert_layout_invariant(
+      _local_attention_model(3, 8),
+      {"x": (LOCAL_X, "batch:2;length:16;d_model:4")},
+      [("all:2", "length:all")], wrt=["x"],
+      reference=lambda x: {"y": _tf_local_attention(
+          x["x"], *LOCAL_W, window=3)}, rtol=1e-4, atol=1e-4)
+
+
+def test_masked_local_attention_1d_variables_and_errors():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.zeros(mesh, "batch:2;length:16;d_model:4")
+  heads, d_kv = mtf.Dimension("heads", 2), mtf.Dimension("d_kv", 2)
+  y = layers.masked_local_attention_1d(x, d_kv, heads, window_size=4)
+  assert y.shape == x.shape
+  assert [v.name for v in graph.trainable_variables] == [
+      "masked_local_attention_1d/" + n for n in "qkvo"]
+  with pytest.raises(ValueError, match="length_per_split=5 must divide"):
+    layers.masked_local_attention_1d(x, d_kv, heads, length_per_split=5)
+  # One block of 16 (the default length_per_split) cannot be split in two.
+  with pytest.raises(mtf.LayoutError, match="'length' has size 1"):
+    mtf.Lowering(graph, {mesh: harness.make_impl("placement", "all:2",
+                                                 "length:all")})

@@ -337,4 +337,45 @@ def test_every_exported_shape_op_is_tested():
   exported = {n for n in dir(mtf) if getattr(getattr(mtf, n), "__module__",
                                               None) == shape_ops.__name__}
   assert exported == {"reshape", "rename_dimension", "replace_dimensions",
-                      "transpose"}
+                      "transpose", "anonymize", "anonymous_shape",
+                      "combined_dimension"}
+
+
+# --- anonymize / anonymous_shape / combined_dimension ------------------------
+def test_anonymize_replicates_and_names_back_split_again():
+  """anonymize gathers every split dim (the anonymous tensor is replicated);
+  reshaping back to the named shape is a local slice."""
+  x = arr(8, 4, seed=5)
+
+  def model(mesh, t):
+    anon = shape_ops.anonymize(t["x"])
+    assert anon.shape == mtf.convert_to_shape("_anonymous_0:8;_anonymous_1:4")
+    return {"anon": mtf.square(anon),
+            "back": mtf.reshape(anon * 2.0, t["x"].shape)}
+  small = "rows:2;cols:2"  # 4 devices: the SPMD runs stay quick
+  cases = [("all:2", "batch:all", ["allconcat"]),
+           (small, "batch:rows;io:cols", ["allconcat", "allconcat"]),
+           (small, "io:rows", ["allconcat"])]
+  check(model, {"x": (x, "batch:8;io:4")},
+        lambda t: {"anon": tf.square(t["x"]), "back": t["x"] * 2.0}, cases)
+  run = harness.run_model(model, {"x": (x, "batch:8;io:4")}, small,
+                          "batch:rows;io:cols")
+  impl = harness.make_impl("placement", small, "batch:rows;io:cols")
+  for op in run.graph.operations:
+    for out in op.outputs:
+      if out.shape.dims and out.shape.dims[0].name.startswith("_anonymous"):
+        assert impl.tensor_layout(out).is_fully_replicated
+
+
+def test_anonymous_shape_and_combined_dimension():
+  assert shape_ops.anonymous_shape("a:2;b:3") == mtf.convert_to_shape(
+      "_anonymous_0:2;_anonymous_1:3")
+  assert shape_ops.anonymous_shape([]) == mtf.Shape([])
+  heads, d_kv = mtf.Dimension("heads", 4), mtf.Dimension("d_kv", 8)
+  assert shape_ops.combined_dimension([heads, d_kv]) == mtf.Dimension(
+      "heads", 32)
+  assert shape_ops.combined_dimension([heads, d_kv], name="hidden") == \
+      mtf.Dimension("hidden", 32)
+  assert shape_ops.combined_dimension([("x", 3)]) == mtf.Dimension("x", 3)
+  with pytest.raises(ValueError, match="combined_dimension: dims is empty"):
+    shape_ops.combined_dimension([])

@@ -230,3 +230,57 @@ def test_stride_tensor_1d():
     return {"y": slicing.stride_tensor_1d(t["x"], "length", pool_size=2)}
   check(model, {"x": (arr(8, 16), "batch:8;length:16")},
         lambda t: {"y": t["x"][:, ::2]}, POOL_LAYOUTS)
+
+
+# --- left_halo_exchange ------------------------------------------------------
+SMALL = "rows:2;cols:2"  # 4 devices: SPMD runs on 8 cost ~3x more
+def test_left_halo_exchange():
+  """A halo of a whole block plus part of the one before (6 = 4 + 2)."""
+  def model(mesh, t):
+    return {"y": slicing.left_halo_exchange(t["x"], "blocks", "block", 6)}
+  check(model, {"x": (arr(8, 4), "blocks:8;block:4")},
+        lambda t: {"y": _tf_halo(t["x"], 6, False)[:, :10]},
+        [("all:4", "blocks:all"), (SMALL, "blocks:cols;block:rows"),
+         ("all:2", "blocks:all")])
+
+
+# --- dynamic_shift -----------------------------------------------------------
+def _tf_dynamic_shift(x, offsets, wrap):
+  """x [batch, length, d] with row b shifted by offsets[b] along length."""
+  return tf.stack([_tf_shift(x[b], int(o), 0, wrap)
+                   for b, o in enumerate(offsets)])
+
+
+def test_dynamic_shift():
+  """Per-row offsets within a stripe, negative, across stripes and past the
+  end, with and without wrap; offset has a subset of x's dims."""
+  offsets = np.array([1, -3, 5, 18], np.int32)
+
+  def model(mesh, t):
+    return {"pad": slicing.dynamic_shift(t["x"], t["offset"], "length", False),
+            "wrap": slicing.dynamic_shift(t["x"], t["offset"],
+                                          mtf.Dimension("length", 8), True)}
+  check(model, {"x": (arr(4, 8, 2), "batch:4;length:8;d:2"),
+                "offset": (offsets, "batch:4")},
+        lambda t: {"pad": _tf_dynamic_shift(t["x"], offsets, False),
+                   "wrap": _tf_dynamic_shift(t["x"], offsets, True)},
+        [("all:4", "length:all"), (SMALL, "batch:rows;length:cols"),
+         (SMALL, "batch:cols;d:rows")])
+
+
+def test_dynamic_shift_errors():
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  x = mtf.ones(mesh, "batch:4;length:8")
+  ids = mtf.zeros(mesh, "batch:4", dtype=tf.int32)
+  with pytest.raises(TypeError, match="integer"):
+    slicing.dynamic_shift(x, mtf.zeros(mesh, "batch:4"), "length", False)
+  with pytest.raises(TypeError, match="mtf.shift"):
+    slicing.dynamic_shift(x, 2, "length", False)
+  with pytest.raises(ValueError, match="may not contain the shifted dim"):
+    slicing.dynamic_shift(x, mtf.zeros(mesh, "length:8", dtype=tf.int32),
+                          "length", False)
+  with pytest.raises(ValueError, match="only dims of x"):
+    slicing.dynamic_shift(x, mtf.zeros(mesh, "other:2", dtype=tf.int32),
+                          "length", False)
+  with pytest.raises(ValueError, match="'depth' is not a dimension"):
+    slicing.dynamic_shift(x, ids, "depth", False)

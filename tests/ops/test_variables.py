@@ -197,4 +197,102 @@ def test_every_exported_variable_op_is_tested():
   exported = {n for n in dir(mtf) if getattr(getattr(mtf, n), "__module__",
                                               None) == variables.__name__}
   assert exported == {"Variable", "get_variable", "assign", "assign_add",
-                      "assign_sub"}
+                      "assign_sub", "Assign", "assign_slice",
+                      "assign_add_slice", "assign_sub_slice", "read_variable"}
+
+
+# --- assign_fn family and read_variable --------------------------------------
+def _tf1_style_add(variable, slice_var, val):
+  """An assign function written as in Mesh TensorFlow (tf.compat.v1)."""
+  return tf.compat.v1.assign(slice_var,
+                             slice_var + tf.cast(val, variable.slice_dtype))
+
+
+def _assign_max(variable, slice_var, val):
+  return slice_var.assign(tf.maximum(slice_var.read_value(),
+                                     tf.cast(val, variable.slice_dtype)))
+
+
+def test_assign_fns_and_read_variable_on_every_layout():
+  """assign_slice and a custom assign_fn update their variables, and
+  assign_sub reaches a variable through get_variable's activation-dtype
+  cast; read_variable after an assign sees the new value, the variable's
+  own output the old one."""
+  u_np = harness.random_array([8, 8], 3)
+  fns = {"set": variables.assign_slice, "max": _assign_max}
+
+  def model(mesh, t):
+    delta = mtf.einsum([t["x"], t["u"]], output_shape=W)  # pending if split
+    ws = {n: mtf.get_variable(mesh, n, W,
+                              initializer=mtf.constant_initializer(W0))
+          for n in sorted(fns)}
+    cast = mtf.get_variable(mesh, "cast", W, activation_dtype=tf.float64,
+                            initializer=mtf.constant_initializer(W0))
+    out = {"before": mtf.einsum([t["x"], ws["set"]],
+                                output_shape="batch:8;hidden:8")}
+    for n in sorted(fns):
+      mtf.assign(ws[n], delta, assign_fn=fns[n])
+      out["after_" + n] = variables.read_variable(ws[n]) * 1.0
+    mtf.assign_sub(cast, delta)
+    out["after_cast"] = variables.read_variable(cast)
+    assert out["after_cast"].dtype == tf.float64
+    return out
+
+  def ref(t):
+    d = tf.stop_gradient(tf.einsum("bi,bh->ih", t["x"], t["u"]))
+    return {"before": t["x"] @ W0, "after_set": d,
+            "after_max": tf.maximum(W0, d),
+            "after_cast": tf.cast(W0 - d, tf.float64)}
+  runs = harness.assert_layout_invariant(
+      model, {"x": (X_NP, X), "u": (u_np, "batch:8;hidden:8")},
+      [("all:2", "batch:all"), ("rows:2;cols:2", "io:rows;hidden:cols"),
+       ("rows:2;cols:2", "batch:rows;hidden:cols")],
+      wrt=["x"], reference=ref)
+  # read_variable passes the gradient on to the variable.
+  assert set(next(iter(runs.values())).grads) == {"x", "set", "max", "cast"}
+
+
+def test_assign_fns_in_a_traced_mesh_function():
+  """Three steps of a traced program on both backends: w = max(w, x) by a
+  custom assign_fn and v += x by a Mesh TF-style tf.compat.v1 function,
+  read back with read_variable in the same step."""
+  def build(mesh, x_tf):
+    zeros = mtf.constant_initializer(np.zeros([4, 8], np.float32))
+    w = mtf.get_variable(mesh, "w", W, initializer=zeros)
+    v = mtf.get_variable(mesh, "v", W, initializer=zeros)
+    x = mtf.import_tf_tensor(mesh, x_tf, W)
+    mtf.assign(w, x, assign_fn=_assign_max)
+    mtf.assign(v, x, assign_fn=_tf1_style_add)
+    return mtf.reduce_sum(variables.read_variable(w) +
+                          variables.read_variable(v))
+  for backend in ("placement", "simd"):
+    step = mtf.MeshFunction(build, harness.make_impl(
+        backend, "rows:2;cols:2", "io:rows;hidden:cols"))
+    w = np.zeros([4, 8], np.float32)
+    v = np.zeros([4, 8], np.float32)
+    for i in range(3):
+      x = harness.random_array([4, 8], 10 + i)
+      w, v = np.maximum(w, x), v + x
+      np.testing.assert_allclose(float(step(tf.constant(x))), (w + v).sum(),
+                                 rtol=1e-5)
+    np.testing.assert_allclose(step.variable_value("w"), w)
+    np.testing.assert_allclose(step.variable_value("v"), v, rtol=1e-6)
+
+
+def test_assign_operation_api_and_errors():
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  w = mtf.get_variable(mesh, "w", W)
+  op = variables.Assign([w], [mtf.zeros(mesh, W)], "add")
+  assert isinstance(op, variables.AssignOperation)
+  assert op.assign_fn is variables.assign_add_slice
+  assert op.variables == [w.operation]
+  assert mtf.assign(w, w * 2.0).assign_fn is variables.assign_slice
+  assert w.operation.slice_dtype == tf.float32
+  with pytest.raises(ValueError, match="mode 'mul'"):
+    variables.Assign([w], [w], "mul")
+  with pytest.raises(TypeError, match="assign_fn"):
+    mtf.assign(w, w, assign_fn=3)
+  with pytest.raises(TypeError, match="read_variable.*not a variable"):
+    variables.read_variable(mtf.zeros(mesh, W))
+  with pytest.raises(ValueError, match="2 variables but 1 values"):
+    variables.Assign([w, w], [w])
