@@ -55,6 +55,19 @@ class PendingSum(object):
     return self.mesh_impl.allreduce(self.laid_out, list(self.mesh_axes), "SUM")
 
 
+def all_operations(operations):
+  """operations and, depth first, the inner operations of those that lower
+  a sub-graph themselves (a while loop's body, its gradient's backward
+  body): an op lists them in `inner_operations`. They are never lowered at
+  top level, but their layouts are validated up front and their inputs
+  count as consumers (so pending sums they share are reduced once)."""
+  for op in operations:
+    yield op
+    inner = getattr(op, "inner_operations", None)
+    if inner:
+      yield from all_operations(inner)
+
+
 class _TensorMap(dict):
   """tensor -> laid-out value; reading materialises pending sums."""
 
@@ -96,7 +109,7 @@ class Lowering(object):
     self._collectives = []
     self.program = None
     self._consumers = collections.Counter(
-        t for op in graph.operations for t in op.inputs)
+        t for op in all_operations(graph.operations) for t in op.inputs)
     self.validate_layouts()
     for impl in self.mesh_to_impl.values():
       impl._recorder = self._collectives.append
@@ -129,7 +142,7 @@ class Lowering(object):
   def validate_layouts(self):
     """Computes every tensor's layout; raises LayoutError on the first bad
     one, before any TensorFlow op is created."""
-    for op in self.graph.operations:
+    for op in all_operations(self.graph.operations):
       impl = self.mesh_impl(op)
       for t in op.outputs:
         impl.tensor_layout(t)
