@@ -1,0 +1,591 @@
+"""Transformer layers: the Context, attention, feed-forward blocks, masks.
+
+Mesh TensorFlow's `transformer_layers.py` for meshtf. A layer is a
+`TransformerLayer` whose `call(context, x)` maps [batch..., length, d_model]
+to the same shape and creates its variables under `context.scope` (set by
+the LayerStack, e.g. "decoder/layer_001/SelfAttention"). Any callable
+`fn(x, context) -> y` can stand in the layer list as well (a FunctionLayer
+wraps it): this is the hook for a Mixture-of-Experts layer, which appends
+its auxiliary (load-balancing) losses to `context.losses`; the model adds
+them to the training loss.
+
+Named dimensions (a layout splits them by name):
+  batch, length            the activations' batch and sequence dims
+  memory_length            keys / values ("length" renamed)
+  d_model, heads, d_kv, d_ff, vocab, max_length
+
+Attention keeps the projections separable (`AttentionParams.compute_q`,
+`compute_k`, `compute_v`, `compute_output`) so that a decoder can later
+cache keys and values and compute only the new position's query.
+
+Example:
+  >>> import meshtf as mtf
+  >>> from meshtf.models import transformer_layers as tl
+  >>> graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+  >>> x = mtf.zeros(mesh, "batch:2;length:4;d_model:8")
+  >>> ctx = tl.Context(mesh, x.shape.dims[:1], x.shape.dims[1],
+  ...                  x.shape.dims[2], autoregressive=True)
+  >>> ctx.scope = "layer_000/SelfAttention"
+  >>> tl.SelfAttention(num_heads=2, key_value_size=4).call(ctx, x).shape
+  Shape([batch:2, length:4, d_model:8])
+"""
+import math
+import re
+
+import numpy as np
+import tensorflow as tf
+
+import meshtf as mtf
+from meshtf import graph as graph_lib
+from meshtf import shapes
+from meshtf.lowering import rng
+from meshtf.models import dtypes
+from meshtf.models import layers
+
+# tf.estimator.ModeKeys' values: dropout and z-loss only in "train".
+MODES = ("train", "eval", "infer")
+
+# The additive bias for positions a query may not see.
+MASK_VALUE = -1e9
+
+ACTIVATIONS = {
+    "relu": mtf.relu, "gelu": mtf.gelu, "swish": mtf.swish,
+    "silu": mtf.swish, "squared_relu": mtf.squared_relu, "tanh": mtf.tanh,
+    "sigmoid": mtf.sigmoid, "linear": None, None: None,
+}
+
+
+def get_activation(activation):
+  """An activation function from a name ("relu", "gelu", "swish", "linear",
+  ...) or a callable (returned unchanged).
+
+  Example:
+    >>> get_activation("gelu") is mtf.gelu
+    True
+  """
+  if callable(activation):
+    return activation
+  if activation not in ACTIVATIONS:
+    raise ValueError("activation %r: use a callable or one of %s" % (
+        activation, sorted(k for k in ACTIVATIONS if k)))
+  return ACTIVATIONS[activation]
+
+
+# --- Context ------------------------------------------------------------------
+class Context(object):
+  """What layers need at call time, made by the model for one call.
+
+  Attributes:
+    mesh, batch_dims (list of Dimension), length_dim, model_dim (d_model).
+    variable_dtype: a VariableDType (activations in its activation_dtype).
+    mode: "train", "eval" or "infer" (dropout, label smoothing and z-loss
+      only in "train").
+    autoregressive: self-attention sees only earlier positions.
+    position: int Tensor [batch..., length] or None (= index in length).
+    sequence_id: int Tensor [batch..., length] or None; packed examples
+      have ids 1, 2, ... per segment and 0 on padding. Attention stays
+      within a segment.
+    encoder_output / encoder_sequence_id: for EncDecAttention.
+    losses: list to which layers append extra scalar losses (MoE), or None
+      when no loss is computed.
+    step: optional int scalar Tensor (the training step); dropout masks
+      then change from step to step (see `dropout`).
+    scope: variable-name prefix of the layer being called.
+    shared_params: dict of Tensors shared between the models of a
+      Bitransformer (e.g. "embedding").
+    cache: dict for values computed once per call (attention masks).
+    layer_index: index of the layer being called in its stack.
+
+  Example:
+    >>> ctx = Context(mesh, [batch], length, d_model, mode="train")
+    >>> ctx.train
+    True
+  """
+
+  def __init__(self, mesh, batch_dims, length_dim, model_dim,
+               variable_dtype=None, mode="train", autoregressive=False,
+               position=None, sequence_id=None, encoder_output=None,
+               encoder_sequence_id=None, losses=None, step=None,
+               shared_params=None, model=None):
+    self.mesh = mesh
+    self.batch_dims = list(batch_dims)
+    self.length_dim = length_dim
+    self.model_dim = model_dim
+    self.variable_dtype = variable_dtype or dtypes.VariableDType(tf.float32)
+    if mode not in MODES:
+      raise ValueError("Context: mode %r is not one of %s" % (mode, MODES))
+    self.mode = mode
+    self.autoregressive = autoregressive
+    self.position = position
+    self.sequence_id = sequence_id
+    self.encoder_output = encoder_output
+    self.encoder_sequence_id = encoder_sequence_id
+    self.losses = losses
+    self.step = step
+    self.shared_params = shared_params if shared_params is not None else {}
+    self.model = model
+    self.scope = ""
+    self.cache = {}
+    self.layer_index = 0
+
+  @property
+  def train(self):
+    return self.mode == "train"
+
+  @property
+  def activation_dtype(self):
+    return self.variable_dtype.activation_dtype
+
+  def memory_length_dim(self):
+    """The keys' dim of self-attention: length renamed "memory_length"."""
+    return mtf.Dimension("memory_" + self.length_dim.name,
+                         self.length_dim.size)
+
+  def self_attention_mask(self):
+    """Additive bias [batch..., length, memory_length] (or a broadcastable
+    part of it) for self-attention, or None when everything is visible:
+    -1e9 on later positions (autoregressive) and on other segments."""
+    if "self_attention_mask" not in self.cache:
+      visible = None
+      if self.autoregressive:
+        pos = mtf.range(self.mesh, self.length_dim, tf.int32)
+        visible = mtf.less_equal(
+            mtf.range(self.mesh, self.memory_length_dim(), tf.int32), pos)
+      if self.sequence_id is not None:
+        same = mtf.equal(self.sequence_id,
+                         layers.rename_length_to_memory_length(
+                             self.sequence_id, self.length_dim.name))
+        visible = same if visible is None else mtf.logical_and(same, visible)
+      self.cache["self_attention_mask"] = visibility_to_bias(
+          visible, self.activation_dtype)
+    return self.cache["self_attention_mask"]
+
+  def encdec_attention_mask(self):
+    """Additive bias [batch..., length, memory_length] for attending to the
+    encoder output: the same segment when both sequence ids are known, else
+    the encoder's non-padding positions, else None."""
+    if "encdec_attention_mask" not in self.cache:
+      visible = None
+      enc = self.encoder_sequence_id
+      if enc is not None:
+        enc = layers.rename_length_to_memory_length(
+            enc, enc.shape.dims[-1].name)
+        if self.sequence_id is not None:
+          visible = mtf.equal(self.sequence_id, enc)
+        else:
+          visible = mtf.not_equal(enc, 0)
+      self.cache["encdec_attention_mask"] = visibility_to_bias(
+          visible, self.activation_dtype)
+    return self.cache["encdec_attention_mask"]
+
+
+def visibility_to_bias(visible, dtype=tf.float32):
+  """A bool "may attend" tensor as an additive bias (0 or -1e9); None
+  stays None.
+
+  Example:
+    >>> bias = visibility_to_bias(mtf.equal(seg, seg_memory))
+  """
+  if visible is None:
+    return None
+  return mtf.cast(mtf.logical_not(visible), dtype) * MASK_VALUE
+
+
+# --- dropout that changes with the step ---------------------------------------
+def _fmix32(h):
+  """MurmurHash3's finalizer: a bijection of uint32 with full avalanche."""
+  shr = lambda x, n: tf.bitwise.right_shift(x, np.uint32(n))  # noqa: E731
+  h = tf.bitwise.bitwise_xor(h, shr(h, 16)) * np.uint32(0x85EBCA6B)
+  h = tf.bitwise.bitwise_xor(h, shr(h, 13)) * np.uint32(0xC2B2AE35)
+  return tf.bitwise.bitwise_xor(h, shr(h, 16))
+
+
+class StepRandomUniformOperation(graph_lib.Operation):
+  """Uniform (0, 1) values that depend on (graph seed, op name, element
+  index, step): a fresh layout-invariant draw for every value of the
+  scalar integer tensor `step`.
+
+  Each element's 32 Threefry bits (rng.py, a static key from the name)
+  are xor-ed with a step word and passed through MurmurHash3's finalizer.
+  For a fixed step the finalizer maps i.i.d. uniform words to i.i.d.
+  uniform words; across steps its avalanche decorrelates the draws.
+  """
+
+  def __init__(self, step, shape, dtype=tf.float32, name=None):
+    if step.shape.ndims != 0 or not step.dtype.is_integer:
+      raise ValueError("step_random_uniform: step %s must be an integer "
+                       "scalar, got %s %s" % (step.name, step.dtype.name,
+                                              step.shape))
+    super().__init__([step], name=name or "step_random_uniform")
+    self._outputs = [graph_lib.Tensor(self, shapes.convert_to_shape(shape),
+                                      dtype)]
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    out = self._outputs[0]
+    key = rng.op_key(self.graph.seed * 1000003, self.name)
+    full = out.shape.to_integer_list
+    sizes = impl.slice_shape(out.shape)
+
+    def local(begin, step):
+      bits, _ = rng.random_bits(key, begin, sizes, full)
+      step = tf.cast(step, tf.int64)
+      word = tf.bitwise.bitwise_xor(
+          tf.cast(tf.bitwise.bitwise_and(step, 0xFFFFFFFF), tf.uint32)
+          * np.uint32(0x9E3779B9),
+          tf.cast(tf.bitwise.right_shift(step, 32), tf.uint32)
+          * np.uint32(0x27D4EB2F))
+      h = _fmix32(tf.bitwise.bitwise_xor(bits, word))
+      u = (tf.cast(tf.bitwise.right_shift(h, np.uint32(8)), tf.float32)
+           + 0.5) * (1.0 / (1 << 24))
+      return tf.cast(u, out.dtype)
+    lowering.set_tensor_lowering(out, impl.slicewise(
+        local, impl.laid_out_slice_begin(out.shape),
+        lowering.tensors[self._inputs[0]]))
+
+
+def step_random_uniform(step, shape, dtype=tf.float32, name=None):
+  """Uniform (0, 1) values, a new layout-invariant draw for each step.
+
+  Example:
+    >>> u = step_random_uniform(step, "batch:8;d_model:16", name="noise")
+  """
+  return StepRandomUniformOperation(step, shape, dtype, name).outputs[0]
+
+
+def dropout(x, context, rate, broadcast_dims=None, name="dropout"):
+  """Dropout in training mode (identity otherwise), layout-invariant.
+
+  With context.step set, the mask is drawn anew for every step value (a
+  traced-once training step otherwise reuses one mask forever); without
+  it, mtf.dropout's fixed-per-graph mask is used. Dims named in
+  broadcast_dims share one mask value.
+
+  Example:
+    >>> h = dropout(h, context, 0.1, name=context.scope + "/dropout")
+  """
+  if not rate or not context.train:
+    return x
+  if not 0.0 < rate < 1.0:
+    raise ValueError("dropout %s: rate %r must be in [0, 1)" % (name, rate))
+  names = {mtf.convert_to_dimension(d).name if not isinstance(d, str) else d
+           for d in (broadcast_dims or [])}
+  noise_shape = mtf.Shape([d for d in x.shape.dims if d.name not in names])
+  if context.step is None:
+    return mtf.dropout(x, rate=rate, noise_shape=noise_shape, name=name)
+  keep_prob = 1.0 - rate
+  u = step_random_uniform(context.step, noise_shape, name=name)
+  keep = mtf.cast(mtf.less(u, keep_prob), x.dtype)
+  return x * keep * (1.0 / keep_prob)
+
+
+# --- layers -------------------------------------------------------------------
+class TransformerLayer(object):
+  """Base class: `call(context, x)` returns a tensor of x's shape.
+
+  The constructor records hyperparameters only; variables are made in
+  call() under context.scope, so one layer object can serve many graphs.
+
+  Example:
+    >>> class Scale(TransformerLayer):
+    ...   def call(self, context, x):
+    ...     s = mtf.get_variable(context.mesh, context.scope + "/s", [])
+    ...     return x * s
+  """
+
+  @property
+  def name(self):
+    return type(self).__name__
+
+  def call(self, context, x):
+    raise NotImplementedError("%s must implement call(context, x)" %
+                              type(self).__name__)
+
+
+class FunctionLayer(TransformerLayer):
+  """A layer from a function fn(x, context) -> y (e.g. an MoE layer, which
+  appends its auxiliary losses to context.losses when that is a list).
+  LayerStack wraps plain callables in its layer list this way.
+
+  Example:
+    >>> def moe_ffn(x, context):
+    ...   y, metrics = moe.moe_layer(x, context.model_dim, hparams,
+    ...                              context.train, context.variable_dtype,
+    ...                              name=context.scope)
+    ...   if context.losses is not None:
+    ...     context.losses.append(metrics["loss"])
+    ...   return y
+    >>> stack = LayerStack([SelfAttention(), FunctionLayer(moe_ffn, "moe")])
+  """
+
+  def __init__(self, fn, name=None):
+    if not callable(fn):
+      raise TypeError("FunctionLayer: %r is not callable" % (fn,))
+    self._fn = fn
+    # A variable-name component: "<lambda>" becomes "_lambda_".
+    self._name = re.sub(r"[^A-Za-z0-9_.-]", "_", name or getattr(
+        fn, "__name__", "FunctionLayer"))
+
+  @property
+  def name(self):
+    return self._name
+
+  def call(self, context, x):
+    return self._fn(x, context)
+
+
+class AttentionParams(object):
+  """The projections of one multi-head attention: q, k, v [d_model, heads,
+  d_kv] and o [heads, d_kv, d_model], made once under `name`.
+
+  The 1/sqrt(d_kv) scale is folded into q's initializer. compute_q,
+  compute_k, compute_v and compute_output are separate so a decoder can
+  cache the memory's keys and values.
+
+  Example:
+    >>> p = AttentionParams(mesh, d_model, heads, d_kv, vdt, "dec/att")
+    >>> q = p.compute_q(x)                       # [batch, heads, length, d_kv]
+    >>> k, v = p.compute_k(memory), p.compute_v(memory)
+  """
+
+  def __init__(self, mesh, model_dim, heads_dim, kv_dim, variable_dtype,
+               name):
+    self.model_dim, self.heads_dim, self.kv_dim = model_dim, heads_dim, kv_dim
+    self.wq, self.wk, self.wv, self.wo = layers.multihead_attention_vars(
+        mesh, heads_dim, model_dim, kv_dim, variable_dtype, name)
+
+  def _project(self, x, w, length_dim):
+    if w.dtype != x.dtype:
+      w = mtf.cast(w, x.dtype)
+    batch = [d for d in x.shape.dims
+             if d.name not in (length_dim.name, self.model_dim.name)]
+    return mtf.einsum([x, w], output_shape=mtf.Shape(
+        batch + [self.heads_dim, length_dim, self.kv_dim]))
+
+  def compute_q(self, x):
+    """x [batch..., length, d_model] -> [batch..., heads, length, d_kv]."""
+    return self._project(x, self.wq, _length_dim(x, self.model_dim))
+
+  def compute_k(self, memory):
+    """memory [batch..., memory_length, d_model] -> keys."""
+    return self._project(memory, self.wk, _length_dim(memory, self.model_dim))
+
+  def compute_v(self, memory):
+    """memory [batch..., memory_length, d_model] -> values."""
+    return self._project(memory, self.wv, _length_dim(memory, self.model_dim))
+
+  def compute_output(self, o, output_shape):
+    """o [batch..., heads, length, d_kv] -> output_shape (with d_model)."""
+    wo = self.wo if self.wo.dtype == o.dtype else mtf.cast(self.wo, o.dtype)
+    return mtf.einsum([o, wo], output_shape=output_shape)
+
+
+def _length_dim(x, model_dim):
+  """The sequence dim of x: its last dim other than model_dim."""
+  dims = [d for d in x.shape.dims if d.name != model_dim.name]
+  if len(dims) == len(x.shape.dims) or not dims:
+    raise ValueError("attention: %s %s needs a %r dim and a length dim" % (
+        x.name, x.shape, model_dim.name))
+  return dims[-1]
+
+
+def attention(q, k, v, memory_length_dim, kv_dim, mask=None, dropout_rate=0.0,
+              context=None, name="attention"):
+  """softmax(q.k + mask).v over memory_length_dim (q already scaled).
+
+  q: [batch..., heads, length, d_kv]; k, v: [batch..., heads, memory_length,
+  d_kv]; mask: additive bias broadcastable to the logits or None. Dropout
+  on the weights in training mode (context needed then).
+
+  Example:
+    >>> o = attention(q, k, v, memory_length, d_kv, mask)
+  """
+  logits_shape = mtf.Shape([d for d in q.shape.dims if d.name != kv_dim.name]
+                           + [memory_length_dim])
+  logits = mtf.einsum([q, k], output_shape=logits_shape)
+  if mask is not None:
+    if mask.dtype != logits.dtype:
+      mask = mtf.cast(mask, logits.dtype)
+    logits = mtf.add(logits, mask, output_shape=logits_shape)
+  weights = mtf.softmax(logits, memory_length_dim)
+  if dropout_rate and context is not None:
+    weights = dropout(weights, context, dropout_rate, name=name + "/dropout")
+  return mtf.einsum([weights, v], output_shape=q.shape)
+
+
+class SelfAttention(TransformerLayer):
+  """Multi-head self-attention (autoregressive when the context says so,
+  always within a segment).
+
+  Example:
+    >>> layer = SelfAttention(num_heads=8, key_value_size=64)
+  """
+
+  def __init__(self, num_heads=8, key_value_size=128, dropout_rate=0.0):
+    self.num_heads = num_heads
+    self.key_value_size = key_value_size
+    self.dropout_rate = dropout_rate
+
+  def make_params(self, context):
+    return AttentionParams(
+        context.mesh, context.model_dim, mtf.Dimension("heads", self.num_heads),
+        mtf.Dimension("d_kv", self.key_value_size), context.variable_dtype,
+        context.scope)
+
+  def memory_antecedent(self, context, x):
+    """The tensor keys and values are computed from."""
+    return layers.rename_length_to_memory_length(x, context.length_dim.name)
+
+  def mask(self, context):
+    return context.self_attention_mask()
+
+  def call(self, context, x):
+    params = self.make_params(context)
+    memory = self.memory_antecedent(context, x)
+    memory_length = _length_dim(memory, context.model_dim)
+    q = params.compute_q(x)
+    k, v = params.compute_k(memory), params.compute_v(memory)
+    o = attention(q, k, v, memory_length, params.kv_dim, self.mask(context),
+                  self.dropout_rate, context, name=context.scope)
+    return params.compute_output(o, x.shape)
+
+
+class EncDecAttention(SelfAttention):
+  """Multi-head attention from the decoder to context.encoder_output.
+
+  Example:
+    >>> layer = EncDecAttention(num_heads=8, key_value_size=64)
+  """
+
+  def memory_antecedent(self, context, x):
+    enc = context.encoder_output
+    if enc is None:
+      raise ValueError("EncDecAttention at %s: the context has no "
+                       "encoder_output (use it in a Bitransformer decoder)"
+                       % context.scope)
+    length = _length_dim(enc, context.model_dim)
+    return layers.rename_length_to_memory_length(enc, length.name)
+
+  def mask(self, context):
+    return context.encdec_attention_mask()
+
+
+class DenseReluDense(TransformerLayer):
+  """Feed-forward block: d_model -> d_ff (activation, dropout) -> d_model,
+  no biases ("<scope>/wi", "<scope>/wo").
+
+  Example:
+    >>> layer = DenseReluDense(hidden_size=2048, dropout_rate=0.1)
+  """
+
+  def __init__(self, hidden_size=4096, dropout_rate=0.0, activation="relu"):
+    self.hidden_size = hidden_size
+    self.dropout_rate = dropout_rate
+    self.activation = get_activation(activation)
+
+  def hidden(self, context, x, d_ff):
+    return layers.dense(x, d_ff, reduced_dims=[context.model_dim],
+                        use_bias=False, activation=self.activation,
+                        variable_dtype=context.variable_dtype,
+                        name=context.scope + "/wi")
+
+  def call(self, context, x):
+    d_ff = mtf.Dimension("d_ff", self.hidden_size)
+    h = self.hidden(context, x, d_ff)
+    h = dropout(h, context, self.dropout_rate, name=context.scope + "/dropout")
+    return layers.dense(h, context.model_dim, reduced_dims=[d_ff],
+                        use_bias=False, variable_dtype=context.variable_dtype,
+                        name=context.scope + "/wo")
+
+
+class GatedDenseReluDense(DenseReluDense):
+  """Gated feed-forward (GLU variants, e.g. GEGLU): act(x.wi_0) * (x.wi_1),
+  dropout, then wo.
+
+  Example:
+    >>> layer = GatedDenseReluDense(hidden_size=2048, activation="gelu")
+  """
+
+  def __init__(self, hidden_size=4096, dropout_rate=0.0, activation="gelu"):
+    super().__init__(hidden_size, dropout_rate, activation)
+
+  def hidden(self, context, x, d_ff):
+    def proj(suffix, activation):
+      return layers.dense(x, d_ff, reduced_dims=[context.model_dim],
+                          use_bias=False, activation=activation,
+                          variable_dtype=context.variable_dtype,
+                          name=context.scope + "/" + suffix)
+    return proj("wi_0", self.activation) * proj("wi_1", None)
+
+
+# --- sequences: positions, shifted inputs, masks ------------------------------
+def sinusoidal_position_signal(position, model_dim, dtype=tf.float32,
+                               max_timescale=1.0e4):
+  """The Transformer's sine/cosine position signal [position dims...,
+  d_model]: channel c < d/2 is sin(p * w_c), channel d/2 + c is cos(p * w_c),
+  w_c = max_timescale^(-c / (d/2 - 1)).
+
+  Example:
+    >>> s = sinusoidal_position_signal(mtf.range(mesh, length, tf.int32),
+    ...                                d_model)   # [length, d_model]
+  """
+  half = max(model_dim.size // 2, 1)
+  channel = mtf.range(position.mesh, model_dim, tf.int32)
+  freq_index = mtf.cast(mtf.mod(channel, half), tf.float32)
+  inv_timescale = mtf.exp(freq_index * (-math.log(max_timescale)
+                                        / max(half - 1, 1)))
+  angle = mtf.cast(position, tf.float32) * inv_timescale
+  signal = mtf.where(mtf.less(channel, half), mtf.sin(angle), mtf.cos(angle))
+  return mtf.cast(signal, dtype)
+
+
+def autoregressive_inputs(targets, sequence_id=None, length_dim=None):
+  """Decoder inputs: targets shifted right by one (0 first), and 0 at the
+  start of every packed segment.
+
+  Example:
+    >>> inputs = autoregressive_inputs(targets, targets_segmentation)
+  """
+  length_dim = length_dim or targets.shape.dims[-1]
+  inputs = mtf.shift(targets, 1, length_dim, wrap=False)
+  if sequence_id is not None:
+    same = mtf.equal(sequence_id, mtf.shift(sequence_id, 1, length_dim,
+                                            wrap=False))
+    inputs = inputs * mtf.cast(same, inputs.dtype)
+  return inputs
+
+
+def delimited_lm_inputs_mask(ids, sequence_id=None, eos_id=1, length_dim=None):
+  """True on the "inputs" part of an [inputs, EOS, targets, EOS] language
+  model example: every non-padding position up to and including the first
+  EOS of its segment.
+
+  Example:
+    >>> loss_weights = mtf.logical_not(delimited_lm_inputs_mask(targets))
+  """
+  length_dim = length_dim or ids.shape.dims[-1]
+  eos_before = mtf.cumsum(mtf.cast(mtf.equal(ids, eos_id), tf.int32),
+                          length_dim, exclusive=True)
+  if sequence_id is not None:
+    # EOS count up to the segment's start: the smallest count over the
+    # segment, since the count never decreases along the length.
+    mem = "memory_" + length_dim.name
+    other = mtf.not_equal(sequence_id, layers.rename_length_to_memory_length(
+        sequence_id, length_dim.name))
+    counts = layers.rename_length_to_memory_length(eos_before,
+                                                   length_dim.name)
+    big = length_dim.size + 1
+    at_start = mtf.reduce_min(counts + mtf.cast(other, tf.int32) * big,
+                              reduced_dim=mtf.Dimension(mem, length_dim.size))
+    eos_before = eos_before - at_start
+  return mtf.logical_and(mtf.equal(eos_before, 0), mtf.not_equal(ids, 0))
+
+
+__all__ = [
+    "Context", "TransformerLayer", "FunctionLayer", "AttentionParams",
+    "SelfAttention", "EncDecAttention", "DenseReluDense",
+    "GatedDenseReluDense", "attention", "dropout", "step_random_uniform",
+    "StepRandomUniformOperation", "get_activation", "visibility_to_bias",
+    "sinusoidal_position_signal", "autoregressive_inputs",
+    "delimited_lm_inputs_mask", "MASK_VALUE", "MODES",
+]
