@@ -15,6 +15,8 @@ Example (in a test):
                             [("all:8", "batch:all")], wrt=["x"],
                             reference=lambda x: {"y": tf.nn.relu(x["x"])})
 """
+import contextlib
+
 import numpy as np
 import tensorflow as tf
 
@@ -81,12 +83,33 @@ def run_model(model_fn, inputs, mesh_shape, layout, backend="placement",
     for n, g in zip(wrt_names, mtf.gradients([objective], wrt_tensors)):
       grads[n] = g
   impl = make_impl(backend, mesh_shape, layout)
-  lowering = mtf.Lowering(graph, {mesh: impl})
-  out_np = {n: lowering.export_to_tf_tensor(t).numpy()
-            for n, t in outputs.items()}
-  grad_np = {n: (None if g is None else lowering.export_to_tf_tensor(g).numpy())
-             for n, g in grads.items()}
+  # Only what is compared leaves the SPMD program (returning every tensor
+  # would keep every intermediate alive and copy it out).
+  wanted = list(outputs.values()) + [g for g in grads.values() if g is not None]
+  with graph_optimizer_off():
+    lowering = mtf.Lowering(graph, {mesh: impl}, outputs=wanted)
+    out_np = {n: lowering.export_to_tf_tensor(t).numpy()
+              for n, t in outputs.items()}
+    grad_np = {n: (None if g is None
+                   else lowering.export_to_tf_tensor(g).numpy())
+               for n, g in grads.items()}
   return RunResult(out_np, grad_np, lowering, graph)
+
+
+@contextlib.contextmanager
+def graph_optimizer_off():
+  """Grappler off while the harness runs a model once: optimising the eager
+  launch graph (8 copies of the program) is ~a third of an SPMD run and
+  changes no value compared here. Graphs that run many times (MeshFunction,
+  TrainStep, the example binary and bench/) are tested with it on."""
+  saved = tf.config.optimizer.get_experimental_options()
+  tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+  try:
+    yield
+  finally:
+    tf.config.optimizer.set_experimental_options(
+        dict(saved, disable_meta_optimizer=saved.get("disable_meta_optimizer",
+                                                     False)))
 
 
 def _splits_something(result, mesh_shape, layout, backend):
