@@ -128,25 +128,29 @@ def top_k(x, reduced_dim, k_dim, name=None):
   return op.outputs[0], op.outputs[1]
 
 
-def top_1(x, reduced_dim, name=None):
-  """(max, argmax) of x along reduced_dim (Mesh TensorFlow's order: values
-  first); both have x's shape without reduced_dim.
+def top_1(x, reduced_dim, dtype=tf.int32, name=None):
+  """(argmax, max) of x along reduced_dim, in Mesh TensorFlow's order
+  (indices first); both have x's shape without reduced_dim. Ties go to the
+  first index.
 
   Example:
-    >>> gate, expert = mtf.top_1(logits, experts_dim)
+    >>> expert, gate = mtf.top_1(logits, experts_dim)
   """
   op = TopKOperation(x, reduced_dim, None, name=name)
-  return op.outputs[0], op.outputs[1]
+  values, indices = op.outputs[0], op.outputs[1]
+  if tf.as_dtype(dtype) != indices.dtype:
+    indices = elementwise.cast(indices, dtype)
+  return indices, values
 
 
-def argmax(x, reduced_dim, name=None):
-  """int32 index of the largest entry of x along reduced_dim (the first one
-  if several are equal).
+def argmax(x, reduced_dim, dtype=tf.int32, name=None):
+  """Index of the largest entry of x along reduced_dim (the first one if
+  several are equal).
 
   Example:
     >>> predictions = mtf.argmax(logits, vocab_dim)
   """
-  return top_1(x, reduced_dim, name=name)[1]
+  return top_1(x, reduced_dim, dtype, name=name)[0]
 
 
 def sample_with_temperature(logits, dim, temperature=1.0, name=None):
