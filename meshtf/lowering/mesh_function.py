@@ -67,12 +67,16 @@ class MeshFunction(object):
     return result
 
   def __call__(self, *tf_inputs):
-    try:
+    watchdog = getattr(self._mesh_impl, "collective_watchdog", None)
+    if watchdog is None:
       return self._fn(*tf_inputs)
-    except tf.errors.DeadlineExceededError as e:
-      if hasattr(self._mesh_impl, "collective_timeout_seconds"):
-        raise simd.explain_timeout(e, self._mesh_impl) from e
-      raise
+    with watchdog() as watch:
+      try:
+        return self._fn(*tf_inputs)
+      except (tf.errors.DeadlineExceededError, tf.errors.CancelledError) as e:
+        if watch["fired"]:
+          raise simd.explain_timeout(e, self._mesh_impl) from e
+        raise
 
   def collective_stats(self):
     """Collectives of the most recent trace (see Lowering.collective_stats)."""

@@ -1,5 +1,6 @@
 """SPMD-specific behaviour: one program whatever the mesh size, rank order,
 group keys, timeouts."""
+import os
 import subprocess
 import sys
 import textwrap
@@ -131,7 +132,8 @@ def test_lost_peer_raises_a_clear_error_instead_of_hanging():
                                 tf.ones([2])))
         return outs
       try:
-        tf.function(launch7)()
+        with impl.collective_watchdog():
+          tf.function(launch7)()
       except tf.errors.DeadlineExceededError as e:
         print("RAISED", type(simd.explain_timeout(e, impl)).__name__)
         print(simd.explain_timeout(e, impl))
@@ -140,3 +142,26 @@ def test_lost_peer_raises_a_clear_error_instead_of_hanging():
                      text=True, timeout=120)
   assert "RAISED CollectiveTimeoutError" in r.stdout, r.stderr[-2000:]
   assert "did not complete within 2.0 s" in r.stdout
+
+
+def test_collective_timeout_starts_no_thread_per_collective():
+  """TensorFlow's per-op collective timeout sleeps in a new thread per
+  collective; the watchdog must not (a training loop would run out of
+  threads)."""
+  impl = harness.make_impl("simd", "all:8", "batch:all")
+
+  def build(mesh, x):
+    x = mtf.import_tf_tensor(mesh, x, "batch:8;io:4")
+    w = mtf.get_variable(mesh, "w", "io:4;h:4")
+    loss = mtf.reduce_sum(mtf.einsum([x, w], output_shape="batch:8;h:4"))
+    g, = mtf.gradients([loss], [w])
+    mtf.assign_sub(w, 0.01 * g)
+    return loss
+  step = mtf.MeshFunction(build, impl)
+  x = tf.ones([8, 4])
+  step(x)
+  before = len(os.listdir("/proc/self/task"))
+  for _ in range(20):
+    step(x)
+  assert impl.collective_timeout_seconds == 600.0
+  assert len(os.listdir("/proc/self/task")) - before < 8
