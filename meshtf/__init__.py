@@ -140,6 +140,7 @@ from meshtf.shapes import convert_to_shape
 from meshtf.models import layers  # noqa: E402
 from meshtf.models import optimize  # noqa: E402
 from meshtf.models.dtypes import VariableDType  # noqa: E402
+from meshtf.models import decoding  # noqa: E402
 from meshtf.models import moe  # noqa: E402
 from meshtf.models import training  # noqa: E402
 from meshtf.models import transformer  # noqa: E402

@@ -33,17 +33,22 @@ class Graph(object):
     self.all_variables = []
     self.seed = seed
     self._names = set()
+    self._next_suffix = {}
 
   def unique_name(self, name):
     """`name` if unused, else `name_1`, `name_2`, ..."""
     if name not in self._names:
       self._names.add(name)
       return name
-    i = 1
+    # Probing resumes after the last suffix handed out for `name` (all lower
+    # ones are taken): the same names as probing from 1, without the
+    # quadratic cost when a name ("mul") is reused thousands of times.
+    i = self._next_suffix.get(name, 1)
     while "%s_%d" % (name, i) in self._names:
       i += 1
     out = "%s_%d" % (name, i)
     self._names.add(out)
+    self._next_suffix[name] = i + 1
     return out
 
   def __repr__(self):

@@ -42,8 +42,10 @@ def _dim_list(dims):
 
 
 def _scope(mesh, name, default):
-  """A unique variable-name prefix in mesh's graph."""
-  return mesh.graph.unique_name(name or default)
+  """The variable-name prefix: `name` as given (as Mesh TensorFlow's
+  variable scopes: a second call with the same name, e.g. a decoder's
+  incremental step, reuses the variables), else `default` made unique."""
+  return name if name else mesh.graph.unique_name(default)
 
 
 def _variable_dtype(variable_dtype, x):

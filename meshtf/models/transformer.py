@@ -15,6 +15,10 @@ Features (T2T / Mesh TensorFlow names), int32 [batch, length]:
   0 on padding), {inputs,targets}_position, and optionally targets_weights
   (a loss mask multiplied into the non-padding weights).
 
+Decoding (meshtf/models/decoding.py): Unitransformer.sample_autoregressive
+and beam_search, Bitransformer.decode -- cached keys and values, one
+mtf.while_loop, any layout.
+
 Example:
   >>> import meshtf as mtf
   >>> from meshtf.models import transformer
@@ -31,6 +35,7 @@ import tensorflow as tf
 
 import meshtf as mtf
 from meshtf import graph as graph_lib
+from meshtf.models import decoding
 from meshtf.models import dtypes
 from meshtf.models import layers
 from meshtf.models import transformer_layers as tl
@@ -299,6 +304,47 @@ class Unitransformer(object):
         loss_weights)
     return logits, loss
 
+  # -- decoding (meshtf/models/decoding.py) ---------------------------------
+  def sample_autoregressive(self, partial_sequences, stop_at_token=1,
+                            max_steps=None, temperature=0.0,
+                            variable_dtype=None, encoder_output=None,
+                            encoder_sequence_id=None, encoder_inputs=None,
+                            shared_params=None, has_partial_sequences=True,
+                            encoder_layer_outputs=None, never_end=False,
+                            remove_partial_sequences=False,
+                            sampling_keep_top_k=-1, bos_id=0):
+    """Samples a continuation of each row of partial_sequences [batch...,
+    length] (its prompt: the prefix up to the first 0), one token at a time
+    with cached keys and values, in one mtf.while_loop. temperature 0.0 is
+    greedy. encoder_inputs and encoder_layer_outputs are Mesh TensorFlow
+    arguments no meshtf layer reads. See decoding.sample_autoregressive.
+
+    Example:
+      >>> ids = lm.sample_autoregressive(prompts, temperature=0.0)
+    """
+    del encoder_inputs, encoder_layer_outputs
+    return decoding.sample_autoregressive(
+        self, partial_sequences, stop_at_token, max_steps, temperature,
+        variable_dtype, encoder_output, encoder_sequence_id, shared_params,
+        has_partial_sequences, never_end, remove_partial_sequences,
+        sampling_keep_top_k, bos_id)
+
+  def beam_search(self, inputs, decode_length, variable_dtype=None,
+                  encoder_output=None, encoder_sequence_id=None,
+                  encoder_inputs=None, alpha=0.6, shared_params=None,
+                  encoder_layer_outputs=None, bos_id=0):
+    """Beam search from inputs: int32 zeros [batch..., beam, length];
+    returns the best beam [batch..., length]. See decoding.beam_search.
+
+    Example:
+      >>> best = lm.beam_search(mtf.zeros(mesh, "batch:8;beam:4;length:16",
+      ...                                 dtype=tf.int32), decode_length=16)
+    """
+    del encoder_inputs, encoder_layer_outputs
+    return decoding.model_beam_search(
+        self, inputs, decode_length, variable_dtype, encoder_output,
+        encoder_sequence_id, alpha, shared_params, bos_id)
+
   def target_weights(self, context, targets, loss_weights=None):
     """float32 [batch..., length]: 1 on non-padding targets (times
     loss_weights; 0 on the inputs part with loss_on_targets_only)."""
@@ -443,6 +489,23 @@ class Bitransformer(object):
     loss, metrics = self.decoder.compute_loss(dec_ctx, logits, targets,
                                               loss_weights)
     return logits, loss, metrics
+
+  def decode(self, inputs, variable_dtype=None, beam_size=1, alpha=0.6,
+             temperature=0.0, sampling_keep_top_k=-1,
+             decode_length_multiplier=1.5, decode_length_constant=10,
+             max_decode_length=None):
+    """Encodes inputs [batch..., length] once, then samples (beam_size 1;
+    temperature 0.0 is greedy) or beam-searches the decoder with cached
+    keys and values. Returns int32 [batch..., length] (length
+    max_decode_length if given). See decoding.bitransformer_decode.
+
+    Example:
+      >>> outputs = model.decode(inputs, beam_size=4, alpha=0.6)
+    """
+    return decoding.bitransformer_decode(
+        self, inputs, variable_dtype, beam_size, alpha, temperature,
+        sampling_keep_top_k, decode_length_multiplier,
+        decode_length_constant, max_decode_length)
 
   def call_simple(self, inputs, targets, compute_loss=True, mode="train",
                   variable_dtype=None, encoder_sequence_id=None,

@@ -15,8 +15,10 @@ Named dimensions (a layout splits them by name):
   d_model, heads, d_kv, d_ff, vocab, max_length
 
 Attention keeps the projections separable (`AttentionParams.compute_q`,
-`compute_k`, `compute_v`, `compute_output`) so that a decoder can later
-cache keys and values and compute only the new position's query.
+`compute_k`, `compute_v`, `compute_output`): a decoder
+(meshtf/models/decoding.py) caches keys and values and computes only the
+new position's query, key and value (Context modes "first_part" and
+"incremental").
 
 Example:
   >>> import meshtf as mtf
@@ -42,8 +44,11 @@ from meshtf.lowering import rng
 from meshtf.models import dtypes
 from meshtf.models import layers
 
-# tf.estimator.ModeKeys' values: dropout and z-loss only in "train".
-MODES = ("train", "eval", "infer")
+# tf.estimator.ModeKeys' values: dropout and z-loss only in "train". The
+# decoders (meshtf/models/decoding.py) add Mesh TensorFlow's "first_part"
+# (the prefix in parallel, recording key/value caches) and "incremental"
+# (one new position, reading and updating them).
+MODES = ("train", "eval", "infer", "first_part", "incremental")
 
 # The additive bias for positions a query may not see.
 MASK_VALUE = -1e9
@@ -95,6 +100,14 @@ class Context(object):
       Bitransformer (e.g. "embedding").
     cache: dict for values computed once per call (attention masks).
     layer_index: index of the layer being called in its stack.
+    states, new_states, constant_states: decoding caches (Mesh TensorFlow's
+      names). In "first_part" mode self-attention layers record their keys
+      and values ([batch..., heads, memory_length, d_kv]) with
+      record_new_states and encoder-decoder attention its constant ones
+      with record_constant_state. In "incremental" mode the inputs have no
+      length dim, `position` is the scalar int32 position being computed,
+      and the layers read the caches in the same order (get_states,
+      get_constant_state) and record the updated ones in new_states.
 
   Example:
     >>> ctx = Context(mesh, [batch], length, d_model, mode="train")
@@ -106,7 +119,8 @@ class Context(object):
                variable_dtype=None, mode="train", autoregressive=False,
                position=None, sequence_id=None, encoder_output=None,
                encoder_sequence_id=None, losses=None, step=None,
-               shared_params=None, model=None):
+               shared_params=None, model=None, states=None, new_states=None,
+               constant_states=None):
     self.mesh = mesh
     self.batch_dims = list(batch_dims)
     self.length_dim = length_dim
@@ -127,10 +141,52 @@ class Context(object):
     self.scope = ""
     self.cache = {}
     self.layer_index = 0
+    self.states = list(states or [])
+    self.new_states = new_states if new_states is not None else []
+    self.constant_states = (constant_states if constant_states is not None
+                            else [])
+    self._next_state = 0
+    self._next_constant_state = 0
 
   @property
   def train(self):
     return self.mode == "train"
+
+  @property
+  def incremental(self):
+    """True when computing one new position from cached states."""
+    return self.mode == "incremental"
+
+  def get_states(self, n):
+    """The next n decoding states (incremental mode), in recording order."""
+    begin = self._next_state
+    if begin + n > len(self.states):
+      raise ValueError(
+          "Context at %s: a layer asks for states %d..%d but only %d were "
+          "given; the first-part pass and the incremental step must call the "
+          "same layers" % (self.scope, begin, begin + n - 1, len(self.states)))
+    self._next_state += n
+    return self.states[begin:begin + n]
+
+  def record_new_states(self, new_states):
+    """Appends a layer's (updated) decoding states."""
+    self.new_states.extend(new_states)
+
+  def get_constant_state(self):
+    """The next state recorded with record_constant_state (a value that
+    stays fixed while decoding, e.g. keys of the encoder output)."""
+    if self._next_constant_state >= len(self.constant_states):
+      raise ValueError(
+          "Context at %s: a layer asks for constant state %d but only %d "
+          "were recorded in the first-part pass" % (
+              self.scope, self._next_constant_state,
+              len(self.constant_states)))
+    self._next_constant_state += 1
+    return self.constant_states[self._next_constant_state - 1]
+
+  def record_constant_state(self, s):
+    """Records a value the incremental steps read with get_constant_state."""
+    self.constant_states.append(s)
 
   @property
   def activation_dtype(self):
@@ -354,25 +410,35 @@ class AttentionParams(object):
     self.wq, self.wk, self.wv, self.wo = layers.multihead_attention_vars(
         mesh, heads_dim, model_dim, kv_dim, variable_dtype, name)
 
-  def _project(self, x, w, length_dim):
+  def _project(self, x, w, one_position):
     if w.dtype != x.dtype:
       w = mtf.cast(w, x.dtype)
+    if one_position:
+      # One position: no length dim (an incremental decoding step).
+      if not x.shape.has_dim_name(self.model_dim.name):
+        raise ValueError("attention: %s %s has no %r dim" % (
+            x.name, x.shape, self.model_dim.name))
+      batch = [d for d in x.shape.dims if d.name != self.model_dim.name]
+      return mtf.einsum([x, w], output_shape=mtf.Shape(
+          batch + [self.heads_dim, self.kv_dim]))
+    length_dim = _length_dim(x, self.model_dim)
     batch = [d for d in x.shape.dims
              if d.name not in (length_dim.name, self.model_dim.name)]
     return mtf.einsum([x, w], output_shape=mtf.Shape(
         batch + [self.heads_dim, length_dim, self.kv_dim]))
 
-  def compute_q(self, x):
-    """x [batch..., length, d_model] -> [batch..., heads, length, d_kv]."""
-    return self._project(x, self.wq, _length_dim(x, self.model_dim))
+  def compute_q(self, x, one_position=False):
+    """x [batch..., length, d_model] -> [batch..., heads, length, d_kv];
+    with one_position, x [batch..., d_model] -> [batch..., heads, d_kv]."""
+    return self._project(x, self.wq, one_position)
 
-  def compute_k(self, memory):
-    """memory [batch..., memory_length, d_model] -> keys."""
-    return self._project(memory, self.wk, _length_dim(memory, self.model_dim))
+  def compute_k(self, memory, one_position=False):
+    """memory [batch..., memory_length, d_model] -> keys (see compute_q)."""
+    return self._project(memory, self.wk, one_position)
 
-  def compute_v(self, memory):
-    """memory [batch..., memory_length, d_model] -> values."""
-    return self._project(memory, self.wv, _length_dim(memory, self.model_dim))
+  def compute_v(self, memory, one_position=False):
+    """memory [batch..., memory_length, d_model] -> values (see compute_q)."""
+    return self._project(memory, self.wv, one_position)
 
   def compute_output(self, o, output_shape):
     """o [batch..., heads, length, d_kv] -> output_shape (with d_model)."""
@@ -441,13 +507,46 @@ class SelfAttention(TransformerLayer):
 
   def call(self, context, x):
     params = self.make_params(context)
-    memory = self.memory_antecedent(context, x)
-    memory_length = _length_dim(memory, context.model_dim)
-    q = params.compute_q(x)
-    k, v = params.compute_k(memory), params.compute_v(memory)
-    o = attention(q, k, v, memory_length, params.kv_dim, self.mask(context),
+    if context.incremental:
+      q = params.compute_q(x, one_position=True)
+      k, v, memory_length, mask = self.incremental_memory(context, params, x)
+    else:
+      memory = self.memory_antecedent(context, x)
+      memory_length = _length_dim(memory, context.model_dim)
+      q = params.compute_q(x)
+      k, v = params.compute_k(memory), params.compute_v(memory)
+      mask = self.mask(context)
+      if context.mode == "first_part":
+        self.record_memory(context, k, v)
+    o = attention(q, k, v, memory_length, params.kv_dim, mask,
                   self.dropout_rate, context, name=context.scope)
     return params.compute_output(o, x.shape)
+
+  def record_memory(self, context, k, v):
+    """first_part mode: keys and values [batch..., heads, memory_length,
+    d_kv] of the whole prefix become the caches the steps update."""
+    context.record_new_states([k, v])
+
+  def incremental_memory(self, context, params, x):
+    """(k, v, memory_length, mask) for one new position: its key and value
+    are written into the caches at context.position (a where on a one-hot
+    of the position along memory_length, local on any split) and the query
+    sees the positions up to it."""
+    k_cache, v_cache = context.get_states(2)
+    memory_length = context.memory_length_dim()
+    if memory_length not in k_cache.shape.dims:
+      raise ValueError("SelfAttention at %s: the key cache %s has no dim %s"
+                       % (context.scope, k_cache.shape, memory_length))
+    memory_pos = mtf.range(context.mesh, memory_length, tf.int32)
+    here = mtf.equal(memory_pos, context.position)
+    k = mtf.where(here, params.compute_k(x, one_position=True), k_cache,
+                  output_shape=k_cache.shape)
+    v = mtf.where(here, params.compute_v(x, one_position=True), v_cache,
+                  output_shape=v_cache.shape)
+    context.record_new_states([k, v])
+    mask = visibility_to_bias(mtf.less_equal(memory_pos, context.position),
+                              context.activation_dtype)
+    return k, v, memory_length, mask
 
 
 class EncDecAttention(SelfAttention):
@@ -468,6 +567,16 @@ class EncDecAttention(SelfAttention):
 
   def mask(self, context):
     return context.encdec_attention_mask()
+
+  def record_memory(self, context, k, v):
+    """The encoder's keys and values stay fixed while decoding: computed
+    once in the first part, outside the decoding loop."""
+    context.record_constant_state(k)
+    context.record_constant_state(v)
+
+  def incremental_memory(self, context, params, x):
+    k, v = context.get_constant_state(), context.get_constant_state()
+    return k, v, k.shape.dims[-2], self.mask(context)
 
 
 class DenseReluDense(TransformerLayer):

@@ -74,18 +74,42 @@ def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
   """Creates a variable and returns its value as a Tensor.
 
   The initial value depends only on (graph.seed, name, element index), so
-  every layout starts from the same numbers.
+  every layout starts from the same numbers. As in Mesh TensorFlow, a name
+  the graph already has a variable for returns that variable (shape and
+  dtype must match): calling a model twice in one graph -- a decoder's
+  parallel first pass and its incremental steps -- shares its weights.
 
   Example:
     >>> w = mtf.get_variable(mesh, "w", [io, hidden],
     ...                      initializer=mtf.random_normal_initializer(stddev=0.1))
   """
-  var = Variable(mesh, name, shape, tf.as_dtype(dtype), initializer, trainable)
+  var = _existing_variable(mesh, name, shape, dtype)
+  if var is None:
+    var = Variable(mesh, name, shape, tf.as_dtype(dtype), initializer,
+                   trainable)
   out = var.outputs[0]
   if activation_dtype is not None and tf.as_dtype(activation_dtype) != out.dtype:
     from meshtf.ops import elementwise
     out = elementwise.cast(out, activation_dtype)
   return out
+
+
+def _existing_variable(mesh, name, shape, dtype):
+  """The graph's Variable named `name`, or None; raises if it differs."""
+  for var in mesh.graph.all_variables:
+    if var.name != name:
+      continue
+    shape = shapes.convert_to_shape(shape)
+    if var.mesh is not mesh or var.shape != shape or (
+        var.dtype != tf.as_dtype(dtype)):
+      raise ValueError(
+          "get_variable: variable %r exists in this graph as %s %s on mesh "
+          "%r; it is asked for again as %s %s on mesh %r. Reuse it with the "
+          "same shape, dtype and mesh, or pick another name" % (
+              name, var.shape, var.dtype.name, var.mesh.name, shape,
+              tf.as_dtype(dtype).name, mesh.name))
+    return var
+  return None
 
 
 def _variable_op(var, op_name="assign"):

@@ -1,0 +1,412 @@
+"""Decoding (meshtf/models/decoding.py; Unitransformer.sample_autoregressive
+and beam_search, Bitransformer.decode).
+
+The cached decoder (one mtf.while_loop, key/value caches updated one
+position per step) is checked against re-running the full model on the
+growing prefix; its tokens (greedy and sampled) are the same on 1 device
+and on virtual devices (8 for SPMD, 4 for placement) under layouts
+splitting the batch, the vocab / heads / d_ff (the paper layout) and
+d_model with the caches' memory_length, on both backends. Beam search is
+checked against numpy (log probabilities from the full model, GNMT length
+penalty) and against greedy decoding; the encoder-decoder decodes on two
+layouts; a trained tiny LM decodes the copy task.
+"""
+import contextlib
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import harness
+import meshtf as mtf
+from meshtf.models import decoding
+from meshtf.models import optimize
+from meshtf.models import training
+from meshtf.models import transformer
+from meshtf.models import transformer_layers as tl
+
+
+def _load_test_transformer():
+  """test_transformer.py's helpers (the copy-task batches, the tiny
+  encoder-decoder); pytest imports test files by path, not as modules."""
+  path = os.path.join(os.path.dirname(__file__), "test_transformer.py")
+  spec = importlib.util.spec_from_file_location("_test_transformer_helpers",
+                                                path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_tt = _load_test_transformer()
+# pylint: disable=protected-access
+_copy_batch, _tiny_bitransformer = _tt._copy_batch, _tt._tiny_bitransformer
+
+TWO = "rows:2;cols:4"
+PAPER = "batch:rows;vocab:cols;d_ff:cols;heads:cols"
+B, L, V = 8, 8, 16
+MEM = "d_model:rows;memory_length:cols"   # the caches split on memory_length
+LAYOUTS = [("all:8", "batch:all"), (TWO, PAPER), (TWO, MEM)]
+# The placement backend runs a loop body eagerly, device by device: the
+# same layouts on 4 devices halve its time and still split every dim 2-way.
+FOUR = "rows:2;cols:2"
+PLACEMENT_LAYOUTS = [("all:4", "batch:all"), (FOUR, PAPER), (FOUR, MEM)]
+STOP = 7   # a token this untrained LM emits often (checked below)
+
+
+@contextlib.contextmanager
+def _grappler_off():
+  """Each graph runs once: optimising it costs more than it saves."""
+  saved = tf.config.optimizer.get_experimental_options()
+  tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+  try:
+    yield
+  finally:
+    tf.config.optimizer.set_experimental_options(
+        dict(saved, disable_meta_optimizer=saved.get("disable_meta_optimizer",
+                                                     False)))
+
+
+def _run(model_fn, arrays, mesh_shape="all:1", layout="",
+         backend="placement", store=None):
+  """Builds model_fn(mesh, {name: Tensor}) and lowers it once (no
+  gradients, unlike harness.run_model); returns (numpy outputs, graph)."""
+  graph = mtf.Graph(seed=0)
+  mesh = mtf.Mesh(graph, "mesh")
+  inputs = {n: mtf.import_tf_tensor(mesh, tf.constant(a), s, name=n)
+            for n, (a, s) in sorted(arrays.items())}
+  outputs = model_fn(mesh, inputs)
+  impl = harness.make_impl(backend, mesh_shape, layout)
+  with _grappler_off():
+    lowering = mtf.Lowering(graph, {mesh: impl}, variable_store=store,
+                            outputs=list(outputs.values()))
+    out = {n: lowering.export_to_tf_tensor(t).numpy()
+           for n, t in outputs.items()}
+  return out, graph
+
+
+def _check_layouts(model_fn, arrays, base, simd_layouts,
+                   placement_layouts=()):
+  """model_fn's outputs equal base on each layout of each backend."""
+  runs = [("simd", l) for l in simd_layouts]
+  runs += [("placement", l) for l in placement_layouts]
+  for backend, (mesh_shape, layout) in runs:
+    out, _ = _run(model_fn, arrays, mesh_shape, layout, backend)
+    for n, v in base.items():
+      np.testing.assert_array_equal(out[n], v, err_msg="%s %s %s %s" % (
+          backend, mesh_shape, layout, n))
+
+
+def _tiny_lm(vocab=V):
+  return transformer.make_unitransformer(
+      vocab_size=vocab, d_model=8, num_layers=1, num_heads=4, d_kv=4,
+      d_ff=16, max_length=L, vocab_divisor=1)
+
+
+def _prompts():
+  """Prompts of 0-3 tokens (rows 0 and 4 both empty)."""
+  rs = np.random.RandomState(0)
+  prompts = np.zeros([B, L], np.int32)
+  for b in range(B):
+    prompts[b, :b % 4] = rs.randint(2, V, size=b % 4)
+  return prompts
+
+
+def _prefix_len(ids):
+  return np.argmax(np.concatenate([ids == 0, np.ones([len(ids), 1], bool)],
+                                  1), 1)
+
+
+def _naive_greedy(lm, ids, stop_at_token=None):
+  """The full model on the growing prefix, argmax of position i: L copies
+  of the model (a reference, on one device)."""
+  mesh, length = ids.mesh, ids.shape.dims[-1]
+  n_prompt = decoding.prompt_length(ids)
+  pos = mtf.range(mesh, length, tf.int32)
+  done = mtf.greater_equal(n_prompt, length.size)
+  for i in range(length.size):
+    logits, _ = lm.call_simple(tl.autoregressive_inputs(ids),
+                               compute_loss=False, mode="infer")
+    here = mtf.one_hot(mtf.constant(mesh, i, dtype=tf.int32), length,
+                       dtype=tf.int32)
+    token = mtf.reduce_sum(mtf.argmax(logits, lm.output_vocab_dim) * here,
+                           reduced_dim=length)
+    write = mtf.logical_and(mtf.less_equal(n_prompt, i),
+                            mtf.logical_not(done))
+    ids = mtf.where(mtf.logical_and(write, mtf.equal(pos, i)), token, ids,
+                    output_shape=ids.shape)
+    if stop_at_token is not None:
+      done = mtf.logical_or(done, mtf.logical_and(
+          write, mtf.equal(token, stop_at_token)))
+  return ids
+
+
+# --- language model: cached == naive, sampling, every layout ------------------
+# Odd rows decode greedily, even rows sample among the top 3: one decoding
+# loop covers both on each layout (a per-row temperature; 0 adds no noise,
+# so it is argmax). Every row stops after MAX_STEPS tokens.
+TEMPERATURE = np.array([1.0, 0.0] * (B // 2), np.float32)
+MAX_STEPS = 5
+
+
+def test_lm_cached_decoding_matches_naive_and_every_layout():
+  lm = _tiny_lm()
+  prompts = _prompts()
+  arrays = {"p": (prompts, "batch:%d;length:%d" % (B, L)),
+            "t": (TEMPERATURE, "batch:%d" % B)}
+
+  def decode(mesh, x):
+    return {"mixed": lm.sample_autoregressive(
+        x["p"], temperature=x["t"], sampling_keep_top_k=3,
+        stop_at_token=None, max_steps=MAX_STEPS)}
+
+  def reference(mesh, x):
+    out = decode(mesh, x)
+    p = x["p"]
+    out["greedy"] = lm.sample_autoregressive(p, stop_at_token=STOP)
+    out["greedy_nostop"] = lm.sample_autoregressive(p, stop_at_token=None)
+    out["naive_nostop"] = _naive_greedy(lm, p)
+    out["top1"] = lm.sample_autoregressive(p, temperature=1.0,
+                                           sampling_keep_top_k=1,
+                                           stop_at_token=None)
+    # The full model's logits along the sampled sequences.
+    out["logits"], _ = lm.call_simple(tl.autoregressive_inputs(out["mixed"]),
+                                      compute_loss=False, mode="infer")
+    return out
+  ref, graph = _run(reference, arrays)
+  # One set of weights: the first passes, the loop bodies and the naive
+  # copies all read the same variables.
+  assert not [v.name for v in graph.all_variables if v.name.endswith("_1")]
+  n_prompt = _prefix_len(prompts)
+  generated = np.arange(L)[None, :] >= n_prompt[:, None]
+  for name in ("greedy", "greedy_nostop", "top1", "mixed"):
+    np.testing.assert_array_equal(ref[name][~generated], prompts[~generated],
+                                  err_msg=name + " kept the prompt")
+  np.testing.assert_array_equal(ref["greedy_nostop"], ref["naive_nostop"])
+  np.testing.assert_array_equal(ref["top1"], ref["greedy_nostop"])
+  # Stopping: the greedy tokens through the first generated STOP, then 0.
+  want, stops = ref["greedy_nostop"].copy(), 0
+  for b in range(B):
+    hits = np.where(generated[b] & (want[b] == STOP))[0]
+    if len(hits):
+      want[b, hits[0] + 1:] = 0
+      stops += hits[0] + 1 < L
+  assert stops >= 2, "STOP=%d is no longer emitted: pick another" % STOP
+  np.testing.assert_array_equal(ref["greedy"], want)
+  # max_steps: MAX_STEPS tokens, then padding; greedy rows are greedy.
+  capped = generated & (np.arange(L)[None, :] < n_prompt[:, None] + MAX_STEPS)
+  assert (ref["mixed"][generated & ~capped] == 0).all()
+  greedy_rows = TEMPERATURE == 0
+  np.testing.assert_array_equal(ref["mixed"][greedy_rows][capped[greedy_rows]],
+                                ref["greedy_nostop"][greedy_rows][
+                                    capped[greedy_rows]])
+  # Sampled rows: only tokens among each position's top 3 under the full
+  # model, often not the greedy ones; the same (empty) prompt in rows 0
+  # and 4 gets different samples.
+  sampled = capped & ~greedy_rows[:, None]
+  top3 = np.argsort(-ref["logits"], -1)[..., :3]
+  assert (top3 == ref["mixed"][..., None]).any(-1)[capped].all()
+  assert (ref["mixed"] != ref["greedy_nostop"])[sampled].mean() > 0.2
+  assert (ref["mixed"][0] != ref["mixed"][4]).any()
+  # The same tokens on every layout and backend.
+  _check_layouts(decode, arrays, {"mixed": ref["mixed"]}, LAYOUTS,
+                 PLACEMENT_LAYOUTS)
+
+
+def test_sample_logits_draws_fresh_noise_per_step():
+  """Uniform logits sampled in a loop with the step mixed in: every step
+  draws anew (a fixed draw would repeat each row's token), uniformly."""
+  n, steps = 64, 8
+
+  def model(mesh, x):
+    row, vocab = mtf.Dimension("batch", n), mtf.Dimension("vocab", V)
+    step_dim = mtf.Dimension("length", steps)
+
+    def body(i, ids):
+      token = decoding.sample_logits(mtf.zeros(mesh, [row, vocab]), vocab,
+                                     temperature=1.0, step=i)
+      return [i + 1, mtf.where(mtf.equal(mtf.range(mesh, step_dim, tf.int32),
+                                         i), token, ids,
+                               output_shape=ids.shape)]
+    _, ids = mtf.while_loop(
+        lambda i, ids: mtf.less(i, steps), body,
+        [mtf.constant(mesh, 0, dtype=tf.int32),
+         mtf.zeros(mesh, [row, step_dim], dtype=tf.int32)])
+    return {"ids": ids}
+  ids = _run(model, {})[0]["ids"]
+  assert np.mean([len(set(r)) for r in ids]) > 5      # ~6.5 of 8 distinct
+  counts = np.bincount(ids.ravel(), minlength=V)
+  assert counts.min() > 10 and counts.max() < 60      # 32 expected each
+
+
+# --- beam search and the encoder-decoder --------------------------------------
+def _penalized(ids, log_probs, alpha, eos=decoding.EOS_ID):
+  """numpy: sum of log P up to and including the first EOS (else the whole
+  row), over GNMT's ((5 + length) / 6) ** alpha."""
+  out = []
+  for row, lp in zip(ids, log_probs):
+    ends = np.where(row == eos)[0]
+    n = ends[0] + 1 if len(ends) else len(row)
+    out.append(sum(lp[t, row[t]] for t in range(n))
+               / ((5.0 + n) / 6.0) ** alpha)
+  return np.array(out)
+
+
+def test_length_penalty_matches_numpy():
+  lengths = np.arange(1, 9, dtype=np.float32)
+  for alpha in (0.0, 0.6, 1.0):
+    want = ((5.0 + lengths) / 6.0) ** alpha
+    np.testing.assert_allclose([decoding.length_penalty(n, alpha)
+                                for n in lengths], want, rtol=1e-6)
+
+    def model(mesh, x, alpha=alpha):
+      return {"p": decoding.length_penalty(x["n"], alpha)}
+    out, _ = _run(model, {"n": (lengths.astype(np.int32), "length:8")})
+    np.testing.assert_allclose(out["p"], want, rtol=1e-6)
+
+
+def test_encdec_beam_search_and_greedy_decode():
+  alpha, beam = 0.6, 4
+  model_obj = _tiny_bitransformer()
+  rs = np.random.RandomState(3)
+  inputs = rs.randint(2, V, size=[B, L]).astype(np.int32)
+  for b in range(B):
+    inputs[b, L - b % 3:] = 0
+  arrays = {"inputs": (inputs, "batch:%d;length:%d" % (B, L))}
+
+  def decode(mesh, x):
+    return {"beam": model_obj.decode(x["inputs"], beam_size=beam,
+                                     alpha=alpha)}
+
+  def reference(mesh, x):
+    out = {"greedy": model_obj.decode(x["inputs"])}
+    shared = model_obj._shared_params(mesh, None)  # pylint: disable=W0212
+    enc_id = mtf.minimum(x["inputs"], 1)
+    enc = model_obj.encode(x["inputs"], "infer", encoder_sequence_id=enc_id,
+                           shared_params=shared)
+    kwargs = dict(encoder_output=enc, encoder_sequence_id=enc_id,
+                  shared_params=shared)
+    zeros = mtf.zeros(mesh, "batch:%d;length:%d" % (B, L), dtype=tf.int32)
+    out["greedy_nostop"] = model_obj.decoder.sample_autoregressive(
+        zeros, stop_at_token=None, has_partial_sequences=False, **kwargs)
+    for k, eos in ((1, -1), (beam, decoding.EOS_ID)):
+      ids = mtf.zeros(mesh, "batch:%d;beam:%d;length:%d" % (B, k, L),
+                      dtype=tf.int32)
+      fn, states = decoding.incremental_logits_fn(
+          model_obj.decoder, ids, has_partial_sequences=False, **kwargs)
+      out["beams%d" % k], out["scores%d" % k] = decoding.beam_search(
+          fn, ids, alpha, states, eos_id=eos)
+    out["beam"] = mtf.gather(out["beams%d" % beam], 0, ids.shape.dims[1])
+    for name in ("greedy", "beam"):
+      logits, _ = model_obj.call_simple(
+          x["inputs"], out[name], compute_loss=False, mode="infer",
+          decoder_sequence_id=mtf.ones(mesh, zeros.shape, dtype=tf.int32))
+      out["lp_" + name] = mtf.log_softmax(logits, logits.shape.dims[-1])
+    return out
+  ref, _ = _run(reference, arrays)
+  greedy, best = ref["greedy"], ref["beams%d" % beam][:, 0]
+  # Greedy: each token is the full model's argmax given the tokens before
+  # it (the naive decoder), through the first EOS, zeros after.
+  lp = ref["lp_greedy"]
+  for b in range(B):
+    ends = np.where(greedy[b] == decoding.EOS_ID)[0]
+    n = ends[0] + 1 if len(ends) else L
+    np.testing.assert_array_equal(greedy[b, :n], lp[b, :n].argmax(-1))
+    assert (greedy[b, n:] == 0).all()
+  # Beam size 1 without EOS is greedy decoding.
+  np.testing.assert_array_equal(ref["beams1"][:, 0], ref["greedy_nostop"])
+  # The best beam's score is numpy's penalised log probability, and at
+  # least greedy's.
+  got = _penalized(best, ref["lp_beam"], alpha)
+  np.testing.assert_allclose(ref["scores%d" % beam][:, 0], got, rtol=1e-4,
+                             atol=1e-4)
+  assert (got >= _penalized(greedy, lp, alpha) - 1e-5).all()
+  assert (np.diff(ref["scores%d" % beam], axis=1) <= 1e-6).all()
+  assert (best == decoding.EOS_ID).any(1).sum() >= B // 2
+  # decode(beam_size=4) returns that best beam on two layouts.
+  _check_layouts(decode, arrays, {"beam": best}, [(TWO, PAPER)],
+                 [(FOUR, MEM)])
+
+
+# --- a trained LM decodes the copy task ---------------------------------------
+def test_trained_lm_decodes_the_copy():
+  length, n = 16, 7
+  lm = transformer.make_unitransformer(
+      vocab_size=V, d_model=32, num_layers=2, num_heads=4, d_kv=8, d_ff=64,
+      max_length=length, vocab_divisor=1, loss_on_targets_only=True,
+      z_loss=0.0)
+  train = training.TrainStep(
+      transformer.loss_fn(lm), harness.make_impl("placement", "all:1", ""),
+      optimize.AdamWeightDecayOptimizer(optimize.warmup_then_decay(
+          3e-2, 20, "constant")), clip_gradient_norm=1.0)
+  rs = np.random.RandomState(0)
+  history = []
+  for _ in range(200):
+    history.append(float(train({"targets": _copy_batch(rs, 32, n)})[
+        "accuracy"]))
+    if len(history) >= 5 and min(history[-5:]) >= 0.98:
+      break
+  store = train.variable_store
+  values = {v: store.full_value(v) for v in store.names()
+            if not v.endswith(("/slot_m", "/slot_v")) and v != "global_step"}
+  want = _copy_batch(np.random.RandomState(1), B, n)
+  prompts = want.copy()
+  prompts[:, n + 1:] = 0          # [s_1..s_n, EOS, 0...]: decode the copy
+
+  def decode(mesh, x, more=False):
+    out = {"ids": lm.sample_autoregressive(x["p"])}
+    if more:
+      out["removed"] = lm.sample_autoregressive(x["p"],
+                                                remove_partial_sequences=True)
+      out["never_end"] = lm.sample_autoregressive(x["p"], never_end=True)
+    return out
+  arrays = {"p": (prompts, "batch:%d;length:%d" % (B, length))}
+  runs = {}
+  for mesh_shape, layout, backend in (("all:1", "", "placement"),
+                                      (TWO, PAPER, "simd")):
+    restored = mtf.VariableStore()
+    restored.restore_values(values)
+    runs[backend], _ = _run(
+        lambda mesh, x, m=mesh_shape: decode(mesh, x, more=m == "all:1"),
+        arrays, mesh_shape, layout, backend, restored)
+    assert not restored.unrestored_names()
+    copied = runs[backend]["ids"][:, n + 1:] == want[:, n + 1:]
+    assert copied.mean() >= 0.95, (len(history), runs[backend]["ids"], want)
+  # remove_partial_sequences: the continuation alone, from position 0;
+  # never_end: the copy, then anything but EOS.
+  one = runs["placement"]
+  np.testing.assert_array_equal(one["removed"][:, :n + 1],
+                                one["ids"][:, n + 1:])
+  assert (one["removed"][:, n + 1:] == 0).all()
+  np.testing.assert_array_equal(one["never_end"][:, :-1], one["ids"][:, :-1])
+  assert (one["never_end"][:, n + 1:] != decoding.EOS_ID).all()
+
+
+# --- errors -------------------------------------------------------------------
+def test_bad_arguments_raise_clear_errors():
+  lm = _tiny_lm()
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  ids = mtf.zeros(mesh, "batch:2;length:%d" % L, dtype=tf.int32)
+  with pytest.raises(ValueError, match="sampling_keep_top_k"):
+    lm.sample_autoregressive(ids, temperature=1.0, sampling_keep_top_k=0)
+  with pytest.raises(ValueError, match="max_steps"):
+    lm.sample_autoregressive(ids, max_steps=0)
+  with pytest.raises(ValueError, match="int32"):
+    lm.sample_autoregressive(mtf.zeros(mesh, ids.shape))
+  with pytest.raises(ValueError, match="max_length"):
+    lm.sample_autoregressive(mtf.zeros(mesh, "batch:2;length:%d" % (2 * L),
+                                       dtype=tf.int32))
+  with pytest.raises(ValueError, match="autoregressive"):
+    decoding.sample_autoregressive(transformer.make_unitransformer(
+        V, 8, 1, 2, 4, 16, L, autoregressive=False), ids)
+  model_obj = _tiny_bitransformer()
+  with pytest.raises(ValueError, match="deterministic"):
+    model_obj.decode(ids, beam_size=2, temperature=0.5)
+  with pytest.raises(ValueError, match="beam_size"):
+    model_obj.decode(ids, beam_size=0)
+  # A name reused with another shape is an error, not a silent new variable.
+  mtf.get_variable(mesh, "w", "a:2")
+  with pytest.raises(ValueError, match="get_variable: variable 'w' exists"):
+    mtf.get_variable(mesh, "w", "a:3")
