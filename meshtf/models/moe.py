@@ -499,7 +499,9 @@ def moe_layer(x, output_dim, hparams, train, variable_dtype=None,
               x.name, x.shape, output_dim, d.name))
 
   mesh = x.mesh
-  scope = mesh.graph.unique_name(name)
+  # As given (Mesh TF variable scopes): a decoder's incremental step that
+  # calls the layer again reuses its variables.
+  scope = name
   inputs = mtf.reshape(x, mtf.Shape([group_dim, group_size_dim, input_dim]),
                        name=scope + "/to_groups")
 

@@ -1,0 +1,423 @@
+"""The training binary's config schema, its defaults and its validation.
+
+`default_config()` is the schema: every key the binary knows, with the
+defaults of the embedded default experiment (a tiny Mixture-of-Experts
+language model learning the synthetic "reverse" task on 8 virtual CPUs with
+a data + model + expert parallel layout). Config files (t2t_configs/*.py,
+ml_collections `config_flags` style) start from it and change what they
+need; `--config.<key>=value` flags override single keys.
+
+`validate(config)` checks everything that can be checked before TensorFlow
+starts, the layout included (the model's meshtf graph is built
+symbolically and every tensor's layout is computed by meshtf's layout
+code), and raises ConfigError with one line per problem, each naming what
+is wrong and how to fix it.
+
+This file is itself a config file: `get_config()` returns the default, so
+`--config=meshtf/train/config.py` works and is the binary's default.
+
+Example:
+  >>> from meshtf.train import config as config_lib
+  >>> c = config_lib.default_config()
+  >>> c.layout = "batch:data;heads:model"
+  >>> config_lib.validate(c)      # raises ConfigError on a problem
+"""
+import os
+
+import ml_collections
+
+MODEL_TYPES = ("lm", "bitransformer")
+BACKENDS = ("placement", "simd")
+OPTIMIZERS = ("adam", "adafactor", "sgd", "momentum")
+SCHEDULES = ("constant", "rsqrt", "linear")
+GATINGS = ("top_2", "switch")
+MODES = ("train", "eval", "decode", "export")
+DECODE_METHODS = ("cached", "recompute")
+
+
+class ConfigError(ValueError):
+  """A bad config or flag. str(e) is one line per problem, each with a fix.
+
+  Attributes:
+    problems: the list of one-line problem descriptions.
+  """
+
+  def __init__(self, problems):
+    self.problems = list(problems)
+    super().__init__("\n".join(self.problems))
+
+
+def default_config():
+  """The schema with its defaults (= the default experiment).
+
+  Example:
+    >>> c = default_config()
+    >>> c.mesh_shape, c.moe.num_experts
+    ('data:4;model:2', 4)
+  """
+  c = ml_collections.ConfigDict()
+  # --- model ---------------------------------------------------------------
+  c.model_type = "lm"          # "lm" (decoder-only) or "bitransformer"
+  c.vocab_size = 16
+  c.vocab_divisor = 8          # the vocab dim is rounded up to a multiple
+  c.d_model = 32
+  c.num_layers = 2             # per stack (encoder and decoder)
+  c.num_decoder_layers = 0     # bitransformer: 0 = num_layers
+  c.num_heads = 4
+  c.d_kv = 8
+  c.d_ff = 64
+  c.dropout_rate = 0.0
+  c.length = 16                # sequence length (inputs and targets)
+  c.activation = "relu"
+  c.gated = False              # gated (GLU-style) feed-forward
+  c.norm_type = "rms_norm"
+  c.label_smoothing = 0.0
+  c.z_loss = 1e-4
+  c.positional_embedding = "learned"   # learned | sinusoidal | none
+  c.shared_embedding_and_softmax_weights = False
+
+  # --- Mixture of Experts (GShard) ------------------------------------------
+  c.moe = ml_collections.ConfigDict()
+  c.moe.num_experts = 4        # 0: no MoE layer
+  c.moe.layers = "odd"         # which feed-forward layers are MoE: "odd"
+  #                              (GShard: every other), "even", "all", or
+  #                              comma-separated indices "1,3"
+  c.moe.hidden_size = 64       # d_ff of each expert
+  c.moe.group_size = 64        # most tokens per routing group
+  c.moe.capacity_factor_train = 1.0
+  c.moe.capacity_factor_eval = 2.0
+  c.moe.min_expert_capacity = 4
+  c.moe.gating = "top_2"       # top_2 (GShard) or switch
+  c.moe.second_policy_train = "random"
+  c.moe.second_policy_eval = "random"
+  c.moe.loss_coef = 1e-2       # GShard's l_aux coefficient
+  c.moe.router_z_loss_coef = 0.0
+
+  # --- data -------------------------------------------------------------------
+  c.task = ml_collections.ConfigDict()
+  c.task.problem = "reverse"   # synthetic: copy | reverse | addition
+  c.task.data_files = ""       # comma-separated text files (instead of a
+  #                              synthetic problem); a vocabulary is
+  #                              trained on them in model_dir
+  c.task.eval_data_files = ""  # held-out text files (default: data_files)
+  c.task.seq2seq = False       # text: input<TAB>target lines
+  c.task.tfds_name = ""        # a TFDS dataset read from tfds_data_dir
+  c.task.tfds_data_dir = ""
+  c.task.tfds_split = "train"
+  c.task.tfds_eval_split = "validation"
+  c.task.text_keys = "text"    # TFDS features (one: lm, two: seq2seq)
+
+  # --- mesh -------------------------------------------------------------------
+  c.mesh_shape = "data:4;model:2"
+  c.layout = ("batch:data;group:data;experts:data;heads:model;d_ff:model;"
+              "vocab:model;expert_hidden:model")
+  c.backend = "simd"           # simd (one SPMD program) or placement
+  c.num_virtual_cpus = 0       # 0: as many as the mesh has processors
+
+  # --- training ---------------------------------------------------------------
+  c.train_steps = 500
+  c.batch_size = 64
+  c.seed = 0                   # initial values, dropout, data order
+  c.eval_seed = -1             # held-out synthetic data; -1: seed + 1
+  c.optimizer = "adam"
+  c.learning_rate = 0.01
+  c.schedule = "constant"      # after warmup: constant | rsqrt | linear
+  c.warmup_steps = 20
+  c.weight_decay_rate = 0.0    # adam
+  c.momentum = 0.9             # momentum
+  c.clip_gradient_norm = 1.0   # 0: no clipping
+  c.checkpoint_every = 100
+  c.keep_checkpoints = 3
+  c.eval_steps = 4             # held-out batches for eval
+  c.eval_every = 25            # 0: eval only at the end of training
+  c.log_every = 10
+  c.target_accuracy = 0.99     # reported at the end of training
+  c.stop_at_target = True      # stop once an eval reaches target_accuracy
+  c.decode_batches = 2         # batches greedily decoded by --mode=decode
+  c.decode_method = "cached"   # cached: key/value caches in one
+  #                              mtf.while_loop (meshtf.models.decoding);
+  #                              recompute: re-run the whole model on the
+  #                              growing prefix (a check on the first)
+  c.export_batch_size = 0      # largest batch of the exported signatures;
+  #                              0: batch_size
+  return c
+
+
+def get_config():
+  """config_flags entry point: the default experiment."""
+  return default_config()
+
+
+# --- validation ---------------------------------------------------------------
+def unknown_keys(config, schema=None, prefix=""):
+  """Dotted names of keys in config that the schema lacks.
+
+  Example:
+    >>> c = default_config(); c.unlock(); c.foo = 1
+    >>> unknown_keys(c)
+    ['foo']
+  """
+  schema = default_config() if schema is None else schema
+  out = []
+  for key in sorted(config.keys()):
+    name = prefix + key
+    if key not in schema:
+      out.append(name)
+    elif isinstance(config[key], ml_collections.ConfigDict):
+      if isinstance(schema[key], ml_collections.ConfigDict):
+        out.extend(unknown_keys(config[key], schema[key], name + "."))
+  return out
+
+
+def _near(name, choices):
+  """Known names that look like name (for 'did you mean')."""
+  import difflib
+  return difflib.get_close_matches(name, choices, n=2)
+
+
+def _flat_keys(schema, prefix=""):
+  out = []
+  for key in sorted(schema.keys()):
+    if isinstance(schema[key], ml_collections.ConfigDict):
+      out.extend(_flat_keys(schema[key], prefix + key + "."))
+    else:
+      out.append(prefix + key)
+  return out
+
+
+def moe_layer_indices(config, num_layers):
+  """Indices of the feed-forward layers that are MoE layers in a stack of
+  num_layers (empty without experts).
+
+  Example:
+    >>> c = default_config(); c.moe.layers = "odd"
+    >>> moe_layer_indices(c, 4)
+    [1, 3]
+  """
+  if not config.moe.num_experts:
+    return []
+  spec = str(config.moe.layers).strip()
+  if spec == "all":
+    return list(range(num_layers))
+  if spec == "odd":
+    return list(range(1, num_layers, 2))
+  if spec == "even":
+    return list(range(0, num_layers, 2))
+  try:
+    indices = sorted({int(s) for s in spec.split(",") if s.strip()})
+  except ValueError:
+    raise ConfigError(["moe.layers=%r is not 'odd', 'even', 'all' or comma-"
+                       "separated layer indices: set --config.moe.layers=odd"
+                       % spec])
+  bad = [i for i in indices if not 0 <= i < num_layers]
+  if bad:
+    raise ConfigError(["moe.layers=%r names layers %s, but the stack has "
+                       "layers 0..%d: set --config.moe.layers to indices below"
+                       " %d" % (spec, bad, num_layers - 1, num_layers)])
+  return indices
+
+
+def validate(config, check_layout=True, check_data=True):
+  """Raises ConfigError listing every problem (one line each) found before
+  any TensorFlow work: unknown keys, bad values, malformed mesh_shape or
+  layout, a mesh whose size is not the device count, missing data files,
+  and (check_layout) any tensor of the model whose dims the layout splits
+  unevenly or twice over one mesh axis.
+
+  Example:
+    >>> c = default_config(); c.num_virtual_cpus = 4
+    >>> validate(c)
+    Traceback (most recent call last):
+    ConfigError: mesh_shape 'data:4;model:2' has 8 processors but ...
+  """
+  problems = []
+  schema = default_config()
+  known = _flat_keys(schema)
+  for name in unknown_keys(config, schema):
+    near = _near(name, known)
+    problems.append("unknown config key %r: %s" % (name, (
+        "did you mean %s?" % " or ".join(repr(n) for n in near)) if near
+        else "see meshtf/train/config.py for the keys"))
+  if problems:  # the rest would read keys that may be misspelt
+    raise ConfigError(problems)
+
+  def need(ok, msg):
+    if not ok:
+      problems.append(msg)
+
+  need(config.model_type in MODEL_TYPES, "model_type=%r is unknown: use "
+       "--config.model_type=lm or bitransformer" % config.model_type)
+  for key in ("vocab_size", "d_model", "num_layers", "num_heads", "d_kv",
+              "d_ff", "length", "train_steps", "batch_size", "vocab_divisor",
+              "keep_checkpoints", "checkpoint_every", "log_every",
+              "eval_steps", "decode_batches"):
+    value = config[key]
+    need(isinstance(value, int) and value >= 1,
+         "%s=%r must be a positive integer: set --config.%s" % (key, value,
+                                                                 key))
+  need(0.0 <= config.dropout_rate < 1.0, "dropout_rate=%r must be in [0, 1)"
+       ": set --config.dropout_rate=0.1, say" % config.dropout_rate)
+  need(config.backend in BACKENDS, "backend=%r is unknown: use --backend="
+       "simd or --backend=placement" % config.backend)
+  need(config.optimizer in OPTIMIZERS, "optimizer=%r is unknown: use "
+       "--config.optimizer=%s" % (config.optimizer, " | ".join(OPTIMIZERS)))
+  need(config.schedule in SCHEDULES, "schedule=%r is unknown: use "
+       "--config.schedule=%s" % (config.schedule, " | ".join(SCHEDULES)))
+  need(config.learning_rate > 0, "learning_rate=%r must be > 0"
+       % config.learning_rate)
+  for key in ("warmup_steps", "eval_every", "clip_gradient_norm",
+              "weight_decay_rate", "export_batch_size"):
+    need(config[key] >= 0, "%s=%r must be >= 0: set --config.%s" % (
+        key, config[key], key))
+  need(0.0 <= config.target_accuracy <= 1.0, "target_accuracy=%r must be "
+       "in [0, 1]" % config.target_accuracy)
+  need(config.decode_method in DECODE_METHODS, "decode_method=%r is "
+       "unknown: use --config.decode_method=cached or recompute"
+       % config.decode_method)
+  need(config.positional_embedding in ("learned", "sinusoidal", "none"),
+       "positional_embedding=%r: use learned, sinusoidal or none"
+       % config.positional_embedding)
+  need(config.norm_type in ("rms_norm", "layer_norm"), "norm_type=%r: use "
+       "rms_norm or layer_norm" % config.norm_type)
+  need(config.num_virtual_cpus >= 0, "num_virtual_cpus=%r must be >= 0 (0: "
+       "one per mesh processor)" % config.num_virtual_cpus)
+  moe = config.moe
+  if moe.num_experts:
+    need(moe.num_experts >= 1, "moe.num_experts=%r must be >= 0 (0: no MoE)"
+         % moe.num_experts)
+    need(moe.gating in GATINGS, "moe.gating=%r is unknown: use --config.moe."
+         "gating=top_2 or switch" % moe.gating)
+    need(not (moe.gating == "top_2" and moe.num_experts < 2),
+         "moe.num_experts=%d is too few for top_2 gating: use >= 2 experts "
+         "or --config.moe.gating=switch" % moe.num_experts)
+    for key in ("hidden_size", "group_size", "min_expert_capacity"):
+      need(isinstance(moe[key], int) and moe[key] >= 1,
+           "moe.%s=%r must be a positive integer" % (key, moe[key]))
+    for key in ("capacity_factor_train", "capacity_factor_eval"):
+      need(moe[key] > 0, "moe.%s=%r must be > 0 (GShard uses 1.0 when "
+           "training)" % (key, moe[key]))
+    try:
+      moe_layer_indices(config, config.num_layers)
+    except ConfigError as e:
+      problems.extend(e.problems)
+
+  # Task: a synthetic problem, text files or a local TFDS dataset.
+  if check_data:
+    problems.extend(_task_problems(config))
+
+  mesh_shape, rules = _mesh_problems(config, problems)
+  if problems:
+    raise ConfigError(problems)
+  if check_layout:
+    problem = layout_problem(config, mesh_shape, rules)
+    if problem:
+      raise ConfigError([problem])
+
+
+def _task_problems(config):
+  from meshtf.train import data
+  task = config.task
+  out = []
+  files = [f for f in str(task.data_files).split(",") if f.strip()]
+  eval_files = [f for f in str(task.eval_data_files).split(",") if f.strip()]
+  if files or eval_files:
+    for f in files + eval_files:
+      if not os.path.isfile(f):
+        out.append("data file %s does not exist: pass existing text files "
+                   "with --config.task.data_files=a.txt,b.txt" % f)
+    if not files:
+      out.append("task.eval_data_files is set but task.data_files is empty: "
+                 "set --config.task.data_files")
+    if config.model_type == "bitransformer" and not task.seq2seq:
+      out.append("a bitransformer needs input<TAB>target text: set "
+                 "--config.task.seq2seq=True")
+    return out
+  if task.tfds_name:
+    if not task.tfds_data_dir or not os.path.isdir(task.tfds_data_dir):
+      out.append("task.tfds_data_dir=%r does not exist; meshtf never "
+                 "downloads: prepare %s there first (tfds build) or set "
+                 "--config.task.data_files" % (task.tfds_data_dir,
+                                               task.tfds_name))
+    return out
+  if task.problem not in data.PROBLEMS:
+    out.append("task.problem=%r is not a synthetic problem (%s): set "
+               "--config.task.problem=reverse, or --config.task.data_files"
+               % (task.problem, ", ".join(data.PROBLEMS)))
+    return out
+  try:
+    data.SyntheticTask(task.problem, config.vocab_size, config.length,
+                       seq2seq=config.model_type == "bitransformer")
+  except ValueError as e:
+    out.append("%s: set --config.vocab_size / --config.length" % e)
+  return out
+
+
+def _mesh_problems(config, problems):
+  """Parses mesh_shape and layout; appends problems; returns both (or
+  None where unparsable)."""
+  from meshtf import shapes
+  from meshtf import layouts
+  mesh_shape = rules = None
+  try:
+    mesh_shape = shapes.convert_to_shape(str(config.mesh_shape))
+    if not mesh_shape.ndims or any(d.size < 1 for d in mesh_shape.dims):
+      raise ValueError("no axes")
+  except (ValueError, TypeError) as e:
+    problems.append(
+        "mesh_shape %r is malformed: %s (e.g. --mesh_shape=data:4;model:2)"
+        % (config.mesh_shape, str(e).splitlines()[0]))
+    mesh_shape = None
+  try:
+    rules = layouts.convert_to_layout_rules(str(config.layout))
+  except ValueError as e:
+    problems.append("layout %r is malformed: %s" % (
+        config.layout, str(e).splitlines()[0]))
+  if mesh_shape is not None and rules is not None:
+    try:
+      layouts.validate_layout_rules(rules, mesh_shape)
+    except ValueError as e:
+      problems.append("--layout: %s" % str(e).splitlines()[0])
+  if mesh_shape is not None:
+    devices = config.num_virtual_cpus or mesh_shape.size
+    if devices != mesh_shape.size:
+      problems.append(
+          "mesh_shape %r has %d processors but num_virtual_cpus is %d: set "
+          "--num_virtual_cpus=%d or a mesh_shape whose sizes multiply to %d"
+          % (config.mesh_shape, mesh_shape.size, devices, mesh_shape.size,
+             devices))
+  return mesh_shape, rules
+
+
+def layout_problem(config, mesh_shape=None, rules=None):
+  """One line describing the first tensor of the training graph (forward,
+  gradients and optimizer) that the layout cannot place, or None.
+
+  The graph is built symbolically (meshtf ops only, no TensorFlow op runs)
+  and each tensor's layout comes from meshtf's layout code, so the check
+  is exactly the one lowering would make, before any device exists.
+
+  Example:
+    >>> c = default_config(); c.layout = "heads:model"; c.num_heads = 3
+    >>> layout_problem(c)
+    "--layout 'heads:model' ... dimension 'heads' has size 3, ..."
+  """
+  from meshtf import layouts
+  from meshtf import shapes
+  from meshtf.train import experiment
+  mesh_shape = mesh_shape or shapes.convert_to_shape(str(config.mesh_shape))
+  rules = rules or layouts.convert_to_layout_rules(str(config.layout))
+  try:
+    graph = experiment.build_training_graph(config)[0]
+    experiment.check_layouts(graph, mesh_shape, rules)
+  except layouts.LayoutError as e:
+    return "--layout %r on mesh %r: %s" % (
+        str(config.layout), str(config.mesh_shape), str(e).splitlines()[0])
+  except ConfigError as e:
+    return e.problems[0]
+  except ValueError as e:  # model-building errors (sizes) name their fix
+    return "the model cannot be built: %s" % str(e).splitlines()[0]
+  return None
+
+
+__all__ = ["ConfigError", "default_config", "get_config", "validate",
+           "layout_problem", "unknown_keys", "moe_layer_indices"]

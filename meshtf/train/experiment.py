@@ -1,0 +1,461 @@
+"""From a config to the pieces the training binary runs: the model (with
+GShard MoE layers where the config asks), its loss function and metrics,
+the optimizer and learning-rate schedule, the data, the mesh
+implementation, and the symbolic training graph used to check a layout
+before any TensorFlow work.
+
+Example:
+  >>> from meshtf.train import config as config_lib, experiment
+  >>> c = config_lib.default_config()
+  >>> graph, loss = experiment.build_training_graph(c)   # symbolic only
+  >>> experiment.parameter_counts(graph, c)["total"] > 0
+  True
+"""
+import math
+
+import numpy as np
+import tensorflow as tf
+
+import meshtf as mtf
+from meshtf import layouts
+from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import mesh_impl as mesh_impl_lib
+from meshtf.models import layers
+from meshtf.models import moe as moe_lib
+from meshtf.models import optimize
+from meshtf.models import transformer
+from meshtf.models import transformer_layers as tl
+from meshtf.train import config as config_lib
+from meshtf.train import data as data_lib
+
+# The scalar MoE metrics the binary logs (means over the MoE layers).
+MOE_METRICS = ("moe_aux_loss", "moe_dropped", "moe_load_max",
+               "moe_router_entropy")
+
+
+# --- MoE ----------------------------------------------------------------------
+class MoeMetrics(object):
+  """Collects the metrics of every MoE layer of one model call; the loss
+  function reads them after the call (a model call builds one graph)."""
+
+  def __init__(self):
+    self.layers = []
+
+  def clear(self):
+    self.layers = []
+
+  def summary(self):
+    """{name: scalar Tensor} averaged over the layers ({} without MoE):
+    aux loss (summed: it is what the loss gets), dropped-token fraction,
+    max/mean expert load (1.0 = balanced) and router entropy."""
+    if not self.layers:
+      return {}
+    n = float(len(self.layers))
+    load = mtf.add_n([m["expert_load"] for m in self.layers]) * (1.0 / n)
+    return {
+        "moe_aux_loss": mtf.add_n([m["aux_loss"] for m in self.layers]),
+        "moe_dropped": mtf.add_n(
+            [m["dropped_fraction"] for m in self.layers]) * (1.0 / n),
+        "moe_load_max": mtf.reduce_max(load) / mtf.maximum(
+            mtf.reduce_mean(load), 1e-9),
+        "moe_router_entropy": mtf.add_n(
+            [m["router_entropy"] for m in self.layers]) * (1.0 / n),
+    }
+
+
+class MoeFeedForward(tl.TransformerLayer):
+  """A LayerStack feed-forward layer that is a GShard MoE layer
+  (meshtf.models.moe.moe_layer); its load-balancing loss goes into
+  context.losses, its metrics into `sink`.
+
+  Example:
+    >>> layer = MoeFeedForward(moe.MoeParams(moe_num_experts=8), sink)
+  """
+
+  def __init__(self, hparams, sink=None, mesh_shape=None, layout=None):
+    self.hparams = hparams
+    self.sink = sink
+    self.mesh_shape = mesh_shape
+    self.layout = layout
+
+  @property
+  def name(self):
+    return "MoE"
+
+  def call(self, context, x):
+    y, metrics = moe_lib.moe_layer(
+        x, context.model_dim, self.hparams, train=context.train,
+        variable_dtype=context.variable_dtype, layout=self.layout,
+        mesh_shape=self.mesh_shape, name=context.scope)
+    if context.losses is not None:
+      context.losses.append(metrics["loss"])
+    if self.sink is not None:
+      self.sink.layers.append(metrics)
+    return y
+
+
+def moe_params(config):
+  """The config's moe.* settings as MoeParams."""
+  m = config.moe
+  return moe_lib.MoeParams(
+      moe_num_experts=m.num_experts, moe_group_size=m.group_size,
+      moe_capacity_factor_train=m.capacity_factor_train,
+      moe_capacity_factor_eval=m.capacity_factor_eval,
+      moe_min_expert_capacity=m.min_expert_capacity,
+      moe_hidden_size=m.hidden_size, moe_gating=m.gating,
+      moe_second_policy_train=m.second_policy_train,
+      moe_second_policy_eval=m.second_policy_eval,
+      moe_loss_coef=m.loss_coef, moe_router_z_loss_coef=m.router_z_loss_coef)
+
+
+def moe_feedforward_layer_fn(config, sink=None):
+  """make_layer_stack's feedforward_layer_fn: an MoE layer at the indices
+  config.moe.layers names, the default dense layer elsewhere (None when
+  the config has no experts). This one function is all the wiring MoE
+  needs.
+
+  Example:
+    >>> fn = moe_feedforward_layer_fn(config, MoeMetrics())
+    >>> stack = transformer.make_layer_stack(4, feedforward_layer_fn=fn)
+  """
+  if not config.moe.num_experts:
+    return None
+  hparams = moe_params(config)
+
+  def fn(i, num_layers):
+    if i in config_lib.moe_layer_indices(config, num_layers):
+      return MoeFeedForward(hparams, sink, str(config.mesh_shape),
+                            str(config.layout))
+    return None
+  return fn
+
+
+# --- model --------------------------------------------------------------------
+def build_model(config, sink=None):
+  """The Unitransformer (lm) or Bitransformer the config describes.
+
+  Example:
+    >>> model = build_model(config_lib.default_config(), MoeMetrics())
+  """
+  ffn = moe_feedforward_layer_fn(config, sink)
+  common = dict(
+      d_model=config.d_model, num_heads=config.num_heads, d_kv=config.d_kv,
+      d_ff=config.d_ff, max_length=config.length,
+      dropout_rate=config.dropout_rate, gated=config.gated,
+      activation=config.activation, norm_type=config.norm_type,
+      label_smoothing=config.label_smoothing, z_loss=config.z_loss,
+      vocab_divisor=config.vocab_divisor,
+      positional_embedding=(False if config.positional_embedding == "none"
+                            else config.positional_embedding))
+  if config.model_type == "lm":
+    n = config.num_layers
+    if ffn is not None:
+      common["feedforward_layer_fn"] = lambda i: ffn(i, n)
+    return transformer.make_unitransformer(
+        config.vocab_size, num_layers=n,
+        shared_embedding_and_softmax_weights=(
+            config.shared_embedding_and_softmax_weights), **common)
+  # Encoder and decoder stacks may differ in depth: build them here so each
+  # gets MoE layers at its own indices.
+  n_enc = config.num_layers
+  n_dec = config.num_decoder_layers or config.num_layers
+  stack = lambda n, encdec: transformer.make_layer_stack(  # noqa: E731
+      n, config.num_heads, config.d_kv, config.d_ff, config.dropout_rate,
+      encdec=encdec, gated=config.gated, activation=config.activation,
+      norm_type=config.norm_type,
+      feedforward_layer_fn=(None if ffn is None else
+                            (lambda i: ffn(i, n))))
+  kwargs = dict(label_smoothing=config.label_smoothing, z_loss=config.z_loss,
+                vocab_divisor=config.vocab_divisor,
+                positional_embedding=common["positional_embedding"],
+                max_length=config.length)
+  encoder = transformer.Unitransformer(
+      stack(n_enc, False), config.d_model, config.vocab_size, None, False,
+      name="encoder", **kwargs)
+  decoder = transformer.Unitransformer(
+      stack(n_dec, True), config.d_model, config.vocab_size,
+      config.vocab_size, True, name="decoder",
+      shared_embedding_and_softmax_weights=(
+          config.shared_embedding_and_softmax_weights), **kwargs)
+  return transformer.Bitransformer(encoder, decoder, shared_embedding=True)
+
+
+def feature_names(config):
+  """The features a batch of this config's data has."""
+  names = ["targets", "targets_weights", "targets_segmentation",
+           "targets_position"]
+  if config.model_type == "bitransformer":
+    names += ["inputs", "inputs_segmentation", "inputs_position"]
+  return names
+
+
+def loss_fn(model, sink, mode="train"):
+  """TrainStep loss function: (mesh, tf features, step) -> (loss, metrics)
+  with the MoE metrics added."""
+  def fn(mesh, features, step=None):
+    sink.clear()
+    _, loss, metrics = transformer.compute_logits_loss_metrics(
+        model, transformer.import_features(mesh, features), mode, step)
+    metrics = dict(metrics)
+    metrics.update(sink.summary())
+    sink.clear()
+    return loss, metrics
+  return fn
+
+
+def make_optimizer(config):
+  """The config's optimizer with its learning-rate schedule."""
+  schedule = learning_rate_schedule(config)
+  if config.optimizer == "adam":
+    return optimize.AdamWeightDecayOptimizer(
+        schedule, weight_decay_rate=config.weight_decay_rate,
+        exclude_from_weight_decay=["norm", "bias"])
+  if config.optimizer == "momentum":
+    return optimize.MomentumOptimizer(schedule, config.momentum)
+  return optimize.make_optimizer(config.optimizer, schedule)
+
+
+def learning_rate_schedule(config):
+  """step -> learning rate (works on numbers and meshtf scalars)."""
+  return optimize.warmup_then_decay(
+      config.learning_rate, config.warmup_steps, config.schedule,
+      total_steps=config.train_steps)
+
+
+def build_training_graph(config):
+  """The symbolic training graph (forward, gradients, clipping, optimizer
+  update, step increment) as TrainStep builds it, with zeros for the
+  features: no TensorFlow op runs. Returns (graph, loss).
+
+  Example:
+    >>> graph, loss = build_training_graph(config_lib.default_config())
+  """
+  sink = MoeMetrics()
+  model = build_model(config, sink)
+  graph = mtf.Graph(seed=config.seed)
+  mesh = mtf.Mesh(graph, "mesh")
+  shape = mtf.Shape([mtf.Dimension("batch", config.batch_size),
+                     mtf.Dimension("length", config.length)])
+  features = {name: mtf.zeros(mesh, shape, dtype=(
+      tf.float32 if name.endswith("_weights") else tf.int32))
+              for name in feature_names(config)}
+  step, _ = optimize.get_global_step(mesh)
+  loss, _ = loss_fn(model, sink)(mesh, features, step)
+  variables = [v.outputs[0] for v in graph.trainable_variables]
+  grads = mtf.gradients([loss], variables)
+  if config.clip_gradient_norm:
+    grads, _ = optimize.clip_by_global_norm(grads, config.clip_gradient_norm)
+  make_optimizer(config).apply_grads(grads, variables, step=step)
+  return graph, loss
+
+
+def check_layouts(graph, mesh_shape, layout_rules):
+  """Computes every tensor's layout as the lowering would (ops' own checks
+  included); raises LayoutError naming the first bad tensor."""
+  impl = mesh_impl_lib.MeshImpl(mesh_shape, layout_rules)
+  for op in lowering_lib.all_operations(graph.operations):
+    for t in op.outputs:
+      impl.tensor_layout(t)
+    check = getattr(op, "validate_layout", None)
+    if check is not None:
+      check(impl)
+
+
+def parameter_counts(graph, config):
+  """{"total": parameters, "per_device": the largest share one processor
+  holds, "optimizer_per_device": the same for non-trainable variables
+  (optimizer slots, step)}."""
+  mesh_shape = mtf.convert_to_shape(str(config.mesh_shape))
+  rules = mtf.convert_to_layout_rules(str(config.layout))
+  total = per_device = other = 0
+  trainable = set(graph.trainable_variables)
+  for v in graph.all_variables:
+    layout = layouts.tensor_layout(v.shape, mesh_shape, rules)
+    share = 1
+    for size in layouts.slice_shape(v.shape, mesh_shape, layout):
+      share *= size
+    if v in trainable:
+      total += v.shape.size
+      per_device += share
+    else:
+      other += share
+  return {"total": total, "per_device": per_device,
+          "optimizer_per_device": other}
+
+
+# --- data ---------------------------------------------------------------------
+class Data(object):
+  """Train / held-out batches: .batch(step) -> dict of int32/float32 numpy
+  arrays; for synthetic tasks also the task (for decoding)."""
+
+  def __init__(self, train, held_out, batch_size, seed, eval_seed,
+               synthetic=None, vocab=None):
+    self.train_source = train
+    self.eval_source = held_out
+    self.batch_size = batch_size
+    self.seed = seed
+    self.eval_seed = eval_seed
+    self.synthetic = synthetic
+    self.vocab = vocab
+
+  def train_batch(self, step):
+    return _complete(self.train_source.batch(step, self.batch_size,
+                                             seed=self.seed))
+
+  def eval_batch(self, i):
+    return _complete(self.eval_source.batch(i, self.batch_size,
+                                            seed=self.eval_seed))
+
+
+def _complete(batch):
+  out = dict(batch)
+  for name in ("inputs", "targets"):
+    if name in out:
+      seg = (out[name] != data_lib.PAD).astype("int32")
+      out.setdefault(name + "_segmentation", seg)
+      out.setdefault(name + "_position",
+                     (seg * np.arange(seg.shape[1])).astype("int32"))
+  out.setdefault("targets_weights",
+                 (out["targets"] != data_lib.PAD).astype("float32"))
+  return out
+
+
+def make_data(config, model_dir):
+  """The config's data: a synthetic task (held-out = another seed), text
+  files (sentencepiece vocabulary trained in model_dir on first use) or a
+  local TFDS dataset. Raises text_data.DataError on unusable data."""
+  from meshtf.train import text_data
+  eval_seed = config.seed + 1 if config.eval_seed < 0 else config.eval_seed
+  seq2seq = config.model_type == "bitransformer"
+  task = config.task
+  files = [f.strip() for f in str(task.data_files).split(",") if f.strip()]
+  if files:
+    train = text_data.TextDataset(files, model_dir, config.length,
+                                  config.vocab_size, seq2seq=task.seq2seq,
+                                  seed=config.seed)
+    eval_files = [f.strip() for f in str(task.eval_data_files).split(",")
+                  if f.strip()]
+    held = (text_data.TextDataset(eval_files, model_dir, config.length,
+                                  config.vocab_size, seq2seq=task.seq2seq,
+                                  seed=eval_seed) if eval_files else train)
+    _check_vocab(config, train.vocab_size)
+    return Data(train, held, config.batch_size, config.seed, eval_seed,
+                vocab=train)
+  if task.tfds_name:
+    keys = tuple(k.strip() for k in str(task.text_keys).split(",") if k)
+    train = text_data.tfds_dataset(
+        task.tfds_name, task.tfds_data_dir, task.tfds_split, config.length,
+        model_dir, config.vocab_size, keys, seed=config.seed)
+    held = text_data.tfds_dataset(
+        task.tfds_name, task.tfds_data_dir, task.tfds_eval_split,
+        config.length, model_dir, config.vocab_size, keys, seed=eval_seed)
+    _check_vocab(config, train.vocab_size)
+    return Data(train, held, config.batch_size, config.seed, eval_seed,
+                vocab=train)
+  synthetic = data_lib.SyntheticTask(task.problem, config.vocab_size,
+                                     config.length, seq2seq=seq2seq)
+  return Data(synthetic, synthetic, config.batch_size, config.seed,
+              eval_seed, synthetic=synthetic)
+
+
+def _check_vocab(config, data_vocab_size):
+  from meshtf.train import text_data
+  if data_vocab_size > config.vocab_size:
+    raise text_data.DataError(
+        "the data's vocabulary has %d pieces but vocab_size is %d: set "
+        "--config.vocab_size=%d" % (data_vocab_size, config.vocab_size,
+                                    data_vocab_size))
+
+
+# --- mesh ---------------------------------------------------------------------
+def make_mesh_impl(config, devices):
+  """The config's MeshImpl (backend, mesh_shape, layout) on devices."""
+  cls = mtf.SimdMeshImpl if config.backend == "simd" else \
+      mtf.PlacementMeshImpl
+  return cls(str(config.mesh_shape), str(config.layout), devices)
+
+
+def per_example_loss(model, features, mode="eval"):
+  """[batch] mean cross entropy per example over its weighted tokens, and
+  the logits (meshtf Tensors)."""
+  logits, _, _ = transformer.compute_logits_loss_metrics(
+      model, features, mode)
+  targets = features["targets"]
+  decoder = model.decoder if isinstance(model, transformer.Bitransformer) \
+      else model
+  vocab = decoder.output_vocab_dim
+  logits = mtf.cast(logits, tf.float32)
+  per_token = layers.softmax_cross_entropy_with_logits(
+      logits, mtf.one_hot(targets, vocab, dtype=tf.float32), vocab)
+  weights = mtf.cast(mtf.not_equal(targets, 0), tf.float32)
+  if "targets_weights" in features:
+    weights = weights * mtf.cast(features["targets_weights"], tf.float32)
+  length = targets.shape.dims[-1]
+  total = mtf.reduce_sum(per_token * weights, reduced_dim=length)
+  count = mtf.reduce_sum(weights, reduced_dim=length)
+  return total / mtf.maximum(count, 1.0), logits
+
+
+_MOE_REUSE = []
+
+
+def moe_layers_reuse_variables():
+  """True if moe.moe_layer called twice with one name in one graph shares
+  its variables (as layers.dense does), which cached decoding needs: its
+  incremental steps call every layer again. Probed symbolically once.
+
+  Example:
+    >>> moe_layers_reuse_variables()
+    True
+  """
+  if not _MOE_REUSE:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "probe")
+    x = mtf.zeros(mesh, "batch:4;d_model:4")
+    hp = moe_lib.MoeParams(moe_num_experts=2, moe_group_size=4,
+                           moe_hidden_size=4)
+    moe_lib.moe_layer(x, x.shape.dims[-1], hp, train=False, name="probe")
+    n = len(graph.all_variables)
+    moe_lib.moe_layer(x, x.shape.dims[-1], hp, train=False, name="probe")
+    _MOE_REUSE.append(len(graph.all_variables) == n)
+  return _MOE_REUSE[0]
+
+
+def decode_method(config):
+  """The decoding method to use: config.decode_method, except "recompute"
+  for MoE models while moe_layer cannot share variables between the
+  decoder's first pass and its incremental steps."""
+  if config.decode_method == "cached" and config.moe.num_experts and \
+      not moe_layers_reuse_variables():
+    return "recompute"
+  return config.decode_method
+
+
+def decode_ids(model, features):
+  """Greedy decoding with key/value caches (meshtf.models.decoding), as
+  meshtf ops: a language model continues features["targets"] (its prompt:
+  the prefix up to the first 0); a Bitransformer decodes
+  features["inputs"]. Returns int32 [batch, length]: the prompt, the
+  decoded tokens through EOS, then zeros.
+
+  Example:
+    >>> ids = decode_ids(lm, import_features(mesh, {"targets": prompts}))
+  """
+  if isinstance(model, transformer.Bitransformer):
+    inputs = features["inputs"]
+    return model.decode(inputs, max_decode_length=inputs.shape.dims[-1].size)
+  return model.sample_autoregressive(
+      features["targets"], stop_at_token=data_lib.EOS, temperature=0.0)
+
+
+def perplexity(loss):
+  return math.exp(min(loss, 50.0))
+
+
+__all__ = ["MoeMetrics", "MoeFeedForward", "moe_params",
+           "moe_feedforward_layer_fn", "build_model", "feature_names",
+           "loss_fn", "make_optimizer", "learning_rate_schedule",
+           "build_training_graph", "check_layouts", "parameter_counts",
+           "Data", "make_data", "make_mesh_impl", "per_example_loss",
+           "moe_layers_reuse_variables", "decode_method", "decode_ids",
+           "perplexity"]

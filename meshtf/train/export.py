@@ -1,0 +1,207 @@
+"""Export a trained model as a SavedModel that plain TensorFlow serves.
+
+The latest checkpoint is restored on a 1-device mesh, so every variable is
+one plain tf.Variable holding its full value; the model is lowered there
+into ordinary TensorFlow ops. The SavedModel has two signatures:
+
+  score(targets[, inputs])  -> {"loss": [n] mean cross entropy per example
+                                over its non-padding target tokens,
+                                "num_tokens": [n]}
+  decode(targets, prompt_length) (language model) or decode(inputs)
+                            -> {"outputs": [n, length] greedy decoding:
+                                the prompt, then the model's tokens until
+                                EOS (1), then padding}
+
+Decoding uses the model's key/value caches in one while loop
+(meshtf.models.decoding), or re-runs the model on the growing prefix when
+the config's decode method says so (see experiment.decode_method).
+Inputs are int32 [n, length] with n <= the export batch size (batches are
+padded to it inside). Loading needs TensorFlow only:
+
+Example:
+  >>> m = tf.saved_model.load("/tmp/m/export")
+  >>> m.signatures["score"](targets=tf.constant(ids))["loss"]
+"""
+import os
+import shutil
+
+import numpy as np
+import tensorflow as tf
+
+import meshtf as mtf
+from meshtf.lowering import variables as variables_lib
+from meshtf.models import transformer
+from meshtf.train import checkpoint
+from meshtf.train import data as data_lib
+from meshtf.train import experiment
+
+
+def export(config, model_dir, export_dir):
+  """Writes the SavedModel of model_dir's latest checkpoint to export_dir
+  (replacing it atomically); returns export_dir."""
+  device = tf.config.list_logical_devices("CPU")[0].name
+  impl = mtf.PlacementMeshImpl("all:1", "", [device])
+  store = variables_lib.VariableStore()
+  step = checkpoint.CheckpointManager(model_dir).restore(store)
+  if step is None:
+    raise FileNotFoundError("no checkpoint in %s" % model_dir)
+  sink = experiment.MoeMetrics()
+  model = experiment.build_model(config, sink)
+  seq2seq = config.model_type == "bitransformer"
+  batch = config.export_batch_size or config.batch_size
+  length = config.length
+
+  def features_of(mesh, targets, inputs=None, decoding=False):
+    ones = tf.ones_like(targets)
+    feats = {"targets": targets,
+             "targets_segmentation": ones if decoding else tf.minimum(
+                 targets, 1),
+             "targets_position": tf.cumsum(ones, axis=1, exclusive=True)}
+    if not decoding:
+      feats["targets_position"] *= feats["targets_segmentation"]
+    if inputs is not None:
+      seg = tf.minimum(inputs, 1)
+      feats.update(inputs=inputs, inputs_segmentation=seg,
+                   inputs_position=tf.cumsum(tf.ones_like(inputs), axis=1,
+                                             exclusive=True) * seg)
+    return transformer.import_features(mesh, feats)
+
+  def build_score(mesh, targets, *inputs):
+    sink.clear()
+    feats = features_of(mesh, targets, inputs[0] if inputs else None)
+    loss, _ = experiment.per_example_loss(model, feats)
+    sink.clear()
+    n = mtf.reduce_sum(mtf.cast(mtf.not_equal(feats["targets"], 0),
+                                tf.float32),
+                       reduced_dim=feats["targets"].shape.dims[-1])
+    return {"loss": loss, "num_tokens": n}
+
+  def build_argmax(mesh, targets, *inputs):
+    sink.clear()
+    logits, _, _ = transformer.compute_logits_loss_metrics(
+        model, features_of(mesh, targets, inputs[0] if inputs else None,
+                           decoding=True), "eval")
+    sink.clear()
+    return mtf.argmax(logits, logits.shape.dims[-1])
+
+  def build_decode(mesh, targets, *inputs):
+    sink.clear()
+    feats = {"targets": targets}
+    if inputs:
+      feats["inputs"] = inputs[0]
+    ids = experiment.decode_ids(model, transformer.import_features(
+        mesh, feats))
+    sink.clear()
+    return ids
+
+  score_fn = mtf.MeshFunction(build_score, impl, variable_store=store,
+                              seed=config.seed)
+  cached = experiment.decode_method(config) == "cached"
+  if cached:
+    decode_fn = mtf.MeshFunction(build_decode, impl, variable_store=store,
+                                 seed=config.seed)
+  argmax_fn = mtf.MeshFunction(build_argmax, impl, variable_store=store,
+                               seed=config.seed)
+  # Run both once: creates the variables (from the restored values).
+  zeros = np.zeros([batch, length], np.int32)
+  args = (zeros, zeros) if seq2seq else (zeros,)
+  score_fn(*args)
+  (decode_fn if cached else argmax_fn)(*args)
+  missing = [n for n in store.names()
+             if n not in checkpoint.CheckpointManager(model_dir).read()[1]]
+  if missing:
+    raise ValueError("export: variables %s are not in the checkpoint" %
+                     missing[:3])
+
+  module = tf.Module()
+  # Tracked by the module, so the SavedModel holds them.
+  module.model_variables = [e.slices[0] for e in store.entries()]
+
+  def pad(x):
+    n = tf.shape(x)[0]
+    tf.debugging.assert_less_equal(
+        n, batch, message="export: batch larger than the export batch size "
+        "%d (config.export_batch_size)" % batch)
+    # Static shapes: meshtf dims have fixed sizes.
+    return tf.ensure_shape(tf.pad(x, [[0, batch - n], [0, 0]]),
+                           [batch, length]), n
+
+  spec = tf.TensorSpec([None, length], tf.int32)
+
+  if seq2seq:
+    @tf.function(autograph=False, input_signature=[spec, spec])
+    def score(targets, inputs):
+      t, n = pad(targets)
+      i, _ = pad(inputs)
+      out = score_fn(t, i)
+      return {k: v[:n] for k, v in out.items()}
+
+    @tf.function(autograph=False, input_signature=[spec])
+    def decode(inputs):
+      i, n = pad(inputs)
+      if cached:
+        out = decode_fn(tf.zeros_like(i), i)
+      else:
+        out = _greedy(lambda cur: argmax_fn(cur, i),
+                      tf.zeros([batch], tf.int32), tf.zeros_like(i))
+      return {"outputs": out[:n]}
+  else:
+    @tf.function(autograph=False, input_signature=[spec])
+    def score(targets):
+      t, n = pad(targets)
+      out = score_fn(t)
+      return {k: v[:n] for k, v in out.items()}
+
+    @tf.function(autograph=False, input_signature=[
+        spec, tf.TensorSpec([None], tf.int32)])
+    def decode(targets, prompt_length):
+      t, n = pad(targets)
+      p = tf.ensure_shape(tf.pad(prompt_length, [[0, batch - n]],
+                                 constant_values=length), [batch])
+      if cached:  # the prompt: the prefix up to the first 0
+        keep = tf.range(length)[tf.newaxis, :] < p[:, tf.newaxis]
+        out = decode_fn(tf.where(keep, t, 0))
+      else:
+        out = _greedy(lambda cur: argmax_fn(cur), p, t)
+      return {"outputs": out[:n]}
+
+  module.score = score
+  module.decode = decode
+  tmp = export_dir.rstrip("/") + ".tmp-%d" % os.getpid()
+  if os.path.exists(tmp):
+    shutil.rmtree(tmp)
+  tf.saved_model.save(module, tmp, signatures={
+      "score": score.get_concrete_function(),
+      "decode": decode.get_concrete_function()})
+  if os.path.exists(export_dir):
+    shutil.rmtree(export_dir)
+  os.rename(tmp, export_dir)
+  return export_dir
+
+
+def _greedy(predict, prompt_length, prompt):
+  """Greedy decoding in plain TF: positions >= prompt_length are filled
+  one at a time with argmax predictions (predict(cur) -> [b, length]) until
+  EOS; later positions stay 0."""
+  b, length = prompt.shape
+  positions = tf.range(length)[tf.newaxis, :]
+  cur = tf.where(positions < prompt_length[:, tf.newaxis], prompt, 0)
+  done = tf.zeros([b], tf.bool)
+
+  def body(i, cur, done):
+    preds = predict(cur)[:, i]
+    write = tf.logical_and(i >= prompt_length, tf.logical_not(done))
+    mask = tf.logical_and(tf.equal(positions, i), write[:, tf.newaxis])
+    cur = tf.where(mask, preds[:, tf.newaxis], cur)
+    done = tf.logical_or(done, tf.logical_and(write,
+                                              tf.equal(preds, data_lib.EOS)))
+    return i + 1, cur, done
+
+  _, cur, _ = tf.while_loop(
+      lambda i, cur, done: tf.logical_and(i < length,
+                                          tf.logical_not(tf.reduce_all(done))),
+      body, [tf.reduce_min(prompt_length), cur, done])
+  return cur
+
+
+__all__ = ["export"]

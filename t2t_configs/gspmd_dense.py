@@ -1,0 +1,103 @@
+"""GSPMD (Xu et al., 2021) section 5.1: the dense Transformer language
+model with 2-D sharding on an (X, Y) mesh.
+
+Table 2 ("wide"): M = d_model 8192, H = d_ff 65536, N = heads 128,
+D = d_kv 256, vocabulary 32000, sequences of 1024 tokens, about 2B
+parameters per layer (attention + feed-forward); Adafactor. The 1T row is
+4x wider per layer (M 16384, H 131072, N 256). Table 3 ("narrow"): M 4096,
+H 16384, N 64, D 128, 64 layers, 16B parameters.
+
+Sharding. GSPMD's "2D Attempt 1" (Table 1) shards M along X and H, N
+along Y in every weight and activation; in meshtf's named-dimension
+layout that is
+
+  layout = d_model:x;d_ff:y;heads:y;vocab:y        (variant "attempt1")
+
+GSPMD's finalized sharding gives one dimension different mesh axes in
+different tensors (M is on X in the weights but on Y in the activations,
+and the batch is on X too); a meshtf layout maps a dimension name to one
+mesh axis in every tensor, so the closest is "Attempt 2" without
+weight-update sharding: the batch on X, H and N on Y, weights replicated
+over X (data parallel over X, Megatron-style model parallel over Y):
+
+  layout = batch:x;d_ff:y;heads:y;vocab:y          (variant "2d", default)
+
+Pick a row and a variant with the config string:
+  --config=t2t_configs/gspmd_dense.py:64B_16x32            (default)
+  --config=t2t_configs/gspmd_dense.py:64B_16x32,attempt1
+
+  row          layers  M      H       N    D    mesh (X,Y)  batch
+  64B_8x16       32    8192   65536  128  256    (8,16)      64
+  64B_16x32      32    8192   65536  128  256    (16,32)    256
+  64B_32x64      32    8192   65536  128  256    (32,64)   1024
+  128B_32x64     64    8192   65536  128  256    (32,64)    512
+  256B_32x64    128    8192   65536  128  256    (32,64)    256
+  512B_32x64    256    8192   65536  128  256    (32,64)    128
+  1T_32x64      128   16384  131072  256  256    (32,64)    128
+  16B_4x16       64    4096   16384   64  128    (4,16)      48
+  16B_8x16       64    4096   16384   64  128    (8,16)      96
+  16B_8x32       64    4096   16384   64  128    (8,32)     192
+  16B_16x4       64    4096   16384   64  128    (16,4)      48
+  16B_16x8       64    4096   16384   64  128    (16,8)      96
+  16B_32x8       64    4096   16384   64  128    (32,8)     192
+
+The vocabulary, 32000 = 250 * 128, splits evenly over every Y above.
+Symbolic use only (128 to 2048 devices).
+"""
+from meshtf.train import config as config_lib
+
+WIDE = (8192, 65536, 128, 256)
+NARROW = (4096, 16384, 64, 128)
+ROWS = {  # name: (layers, (M, H, N, D), (X, Y), batch)
+    "64B_8x16": (32, WIDE, (8, 16), 64),
+    "64B_16x32": (32, WIDE, (16, 32), 256),
+    "64B_32x64": (32, WIDE, (32, 64), 1024),
+    "128B_32x64": (64, WIDE, (32, 64), 512),
+    "256B_32x64": (128, WIDE, (32, 64), 256),
+    "512B_32x64": (256, WIDE, (32, 64), 128),
+    "1T_32x64": (128, (16384, 131072, 256, 256), (32, 64), 128),
+    "16B_4x16": (64, NARROW, (4, 16), 48),
+    "16B_8x16": (64, NARROW, (8, 16), 96),
+    "16B_8x32": (64, NARROW, (8, 32), 192),
+    "16B_16x4": (64, NARROW, (16, 4), 48),
+    "16B_16x8": (64, NARROW, (16, 8), 96),
+    "16B_32x8": (64, NARROW, (32, 8), 192),
+}
+LAYOUTS = {"2d": "batch:x;d_ff:y;heads:y;vocab:y",
+           "attempt1": "d_model:x;d_ff:y;heads:y;vocab:y"}
+
+
+def get_config(arg="64B_16x32"):
+  row, _, variant = (arg or "64B_16x32").partition(",")
+  variant = variant or "2d"
+  if row not in ROWS or variant not in LAYOUTS:
+    raise ValueError("gspmd_dense: %r is not ROW[,VARIANT] with ROW in %s "
+                     "and VARIANT in %s" % (arg, ", ".join(ROWS),
+                                            ", ".join(LAYOUTS)))
+  layers, (m, h, n, d), (x, y), batch = ROWS[row]
+  c = config_lib.default_config()
+  c.model_type = "lm"
+  c.vocab_size = 32000
+  c.vocab_divisor = 128
+  c.d_model = m
+  c.d_ff = h
+  c.num_heads = n
+  c.d_kv = d
+  c.num_layers = layers
+  c.length = 1024
+  c.batch_size = batch
+  c.dropout_rate = 0.0
+  c.moe.num_experts = 0
+  c.mesh_shape = "x:%d;y:%d" % (x, y)
+  c.layout = LAYOUTS[variant]
+  c.optimizer = "adafactor"
+  c.learning_rate = 0.01
+  c.schedule = "rsqrt"
+  c.warmup_steps = 10000
+  c.train_steps = 100000
+  c.checkpoint_every = 1000
+  c.eval_every = 1000
+  c.log_every = 10
+  c.target_accuracy = 1.0
+  c.stop_at_target = False
+  return c
