@@ -46,13 +46,13 @@ from meshtf.ops.conv import conv3d
 from meshtf.ops.conv import conv3d_transpose
 from meshtf.ops.conv import conv3d_transpose_with_blocks
 from meshtf.ops.conv import conv3d_with_blocks
-from meshtf.ops.control import Print
+from meshtf.ops.passthrough import Print
 from meshtf.ops.control import custom_gradient
-from meshtf.ops.control import depend
+from meshtf.ops.passthrough import depend
 from meshtf.ops.control import recompute_grad
-from meshtf.ops.control import serialize_training_step
+from meshtf.ops.microbatch import serialize_training_step
 from meshtf.ops.control import while_loop
-from meshtf.ops.control import DependOperation as Depend
+from meshtf.ops.passthrough import DependOperation as Depend
 from meshtf.ops.einsum import einsum
 from meshtf.ops.einsum import matmul
 from meshtf.ops.elementwise import *  # noqa: F401,F403  (op names)

@@ -1,5 +1,6 @@
-"""Control ops: while_loop (differentiable), custom_gradient, recompute_grad,
-depend, Print and serialize_training_step (microbatching).
+"""Control ops: while_loop (differentiable), custom_gradient and
+recompute_grad (depend and Print are in passthrough.py,
+serialize_training_step in microbatch.py).
 
 A while loop's cond and body are meshtf sub-graphs: they are built once, kept
 out of graph.operations, and lowered by the loop itself inside a
@@ -37,6 +38,11 @@ from meshtf import autodiff
 from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.lowering import lowering as lowering_lib
+# depend and Print live in passthrough.py; control.depend etc. still work.
+from meshtf.ops.passthrough import DependOperation  # noqa: F401
+from meshtf.ops.passthrough import Print  # noqa: F401
+from meshtf.ops.passthrough import PrintOperation  # noqa: F401
+from meshtf.ops.passthrough import depend  # noqa: F401
 
 
 # --- sub-graph helpers -------------------------------------------------------
@@ -735,197 +741,9 @@ def recompute_grad(fn, explicit_inputs, control_dependencies=True):
   return custom_gradient(fn, grad_fn, explicit_inputs)
 
 
-# --- depend and Print --------------------------------------------------------
-class DependOperation(graph_lib.Operation):
-  """x, lowered after `dependencies` (Operations or Tensors) have been:
-  its slices carry TensorFlow control dependencies on them (Mesh
-  TensorFlow's Depend). The gradient passes through to x."""
-
-  def __init__(self, x, dependencies, name=None):
-    deps = list(dependencies)
-    for d in deps:
-      if not isinstance(d, (graph_lib.Operation, graph_lib.Tensor)):
-        raise TypeError("depend: dependencies must be meshtf Operations or "
-                        "Tensors, got %r" % (d,))
-    tensors = [d for d in deps if isinstance(d, graph_lib.Tensor)]
-    super().__init__([x] + tensors, name=name or "depend")
-    self._control_ops = [d for d in deps if isinstance(d, graph_lib.Operation)]
-    self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
-
-  control_operations = property(lambda self: list(self._control_ops))
-
-  def gradient(self, grad_ys):
-    return [grad_ys[0]] + [None] * (len(self._inputs) - 1)
-
-  def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
-    control = []
-    for d in self._control_ops:
-      lowered = lowering.operations.get(d)
-      if isinstance(lowered, (list, tuple)):
-        control.extend(lowered)
-      for t in d.outputs:
-        control.extend(lowering.tensors[t].tensor_list)
-    for t in self._inputs[1:]:
-      control.extend(lowering.tensors[t].tensor_list)
-    control = [c for c in control if c is not None]
-
-    def local(t):
-      if tf.executing_eagerly():
-        return t  # eager ops already ran in program order
-      with tf.control_dependencies(control):
-        return tf.identity(t)
-    lowering.set_tensor_lowering(self._outputs[0], impl.slicewise(
-        local, lowering.tensors[self._inputs[0]]))
-
-
-def depend(x, dependencies):
-  """x, computed after `dependencies` (Operations such as an assign, or
-  Tensors).
-
-  Example:
-    >>> update = mtf.assign(w, w * 0.5)
-    >>> y = control.depend(x, [update])
-  """
-  return DependOperation(x, dependencies).outputs[0]
-
-
-class PrintOperation(graph_lib.Operation):
-  """x unchanged; lowering it prints `message` and the full values of
-  `data` once, on the first processor (Mesh TensorFlow's PrintOperation).
-  Split data is gathered for printing (an allconcat per split mesh axis)."""
-
-  def __init__(self, x, data, message, name=None, **kwargs):
-    data = list(data)
-    for d in data:
-      if not isinstance(d, graph_lib.Tensor):
-        raise TypeError("Print: data must be meshtf Tensors, got %r" % (d,))
-    super().__init__([x] + data, name=name or "Print")
-    self._message = message
-    self._kwargs = kwargs
-    self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
-
-  def gradient(self, grad_ys):
-    return [grad_ys[0]] + [None] * (len(self._inputs) - 1)
-
-  def lower(self, lowering):
-    impl = lowering.mesh_impl(self)
-    full = []
-    for d in self._inputs[1:]:
-      value = lowering.tensors[d]
-      for axis, mesh_axis in enumerate(impl.tensor_layout(d)):
-        if mesh_axis is not None and impl.shape.dims[mesh_axis].size > 1:
-          value = impl.allconcat(value, mesh_axis, axis)
-      full.append(value)
-    message, kwargs = self._message, self._kwargs
-
-    def local(t, pnum, *values):
-      def do_print():
-        printed = tf.print(message, *values, **kwargs)
-        with tf.control_dependencies([p for p in [printed] if p is not None]):
-          return tf.constant(True)
-      done = tf.cond(tf.equal(pnum, 0), do_print, lambda: tf.constant(False))
-      if tf.executing_eagerly():
-        return t
-      with tf.control_dependencies([done]):
-        return tf.identity(t)
-    lowering.set_tensor_lowering(self._outputs[0], impl.slicewise(
-        local, lowering.tensors[self._inputs[0]], impl.laid_out_pnum(), *full))
-
-
-def Print(x, data, message, **kwargs):  # pylint: disable=invalid-name
-  """x, unchanged; prints message and data's values (on the first
-  processor) when x is computed. kwargs go to tf.print (summarize,
-  output_stream, ...). The gradient passes through.
-
-  Example:
-    >>> h = control.Print(h, [mtf.reduce_sum(h)], "sum of h:", summarize=4)
-  """
-  name = kwargs.pop("name", None)
-  message = "%s %s" % (message, [d.name for d in data])
-  return PrintOperation(x, data, message, name=name, **kwargs).outputs[0]
-
-
-# --- serialize_training_step -------------------------------------------------
-def serialize_training_step(features, model_fn, batch_dim, num_splits):
-  """Microbatching (Mesh TensorFlow's serialize_training_step): splits the
-  batch into num_splits microbatches, runs model_fn on each in a
-  while_loop and accumulates.
-
-  features: {name: Tensor with batch_dim}. model_fn(features) returns a dict
-  of Tensors holding "loss". Microbatch k holds the batch rows k, k +
-  num_splits, k + 2 * num_splits, ... Returns (grads, outputs): grads are the
-  gradients of the summed loss on graph.trainable_variables (in that order),
-  summed over microbatches; outputs are model_fn's, summed over microbatches
-  (or, with a batch dim, reassembled into the full batch).
-
-  Example:
-    >>> grads, outputs = control.serialize_training_step(
-    ...     {"x": x}, model_fn, batch_dim, num_splits=4)
-  """
-  from meshtf.ops import einsum as einsum_lib
-  from meshtf.ops import elementwise
-  from meshtf.ops import index
-  from meshtf.ops import io
-  from meshtf.ops import shape_ops
-  if not features:
-    raise ValueError("serialize_training_step: features is empty")
-  batch_dim = shapes.convert_to_dimension(batch_dim)
-  for k, v in features.items():
-    if batch_dim not in v.shape.dims:
-      raise ValueError("serialize_training_step: feature %r has shape %s "
-                       "without the batch dim %s" % (k, v.shape, batch_dim))
-  if num_splits < 1 or batch_dim.size % num_splits:
-    raise ValueError("serialize_training_step: num_splits=%d must divide the "
-                     "batch dim %s:%d" % (num_splits, batch_dim.name,
-                                          batch_dim.size))
-  first = next(iter(features.values()))
-  mesh, graph = first.mesh, first.graph
-  micro_dim = shapes.Dimension("microbatch", num_splits)
-  small_dim = shapes.Dimension(batch_dim.name, batch_dim.size // num_splits)
-  keys = []
-
-  def select(t, k):
-    return index.gather(shape_ops.replace_dimensions(
-        t, batch_dim, [small_dim, micro_dim]), k, micro_dim)
-
-  def body_fn(k):
-    outputs = model_fn({name: select(v, k) for name, v in features.items()})
-    if "loss" not in outputs:
-      raise ValueError("serialize_training_step: model_fn must return a dict "
-                       "with a 'loss' entry; it returned keys %s"
-                       % sorted(outputs))
-    variables = list(graph.trainable_variables)
-    grads = autodiff.gradients([outputs["loss"]],
-                               [v.outputs[0] for v in variables])
-    missing = [v.name for v, g in zip(variables, grads) if g is None]
-    if missing:
-      raise ValueError("serialize_training_step: the loss does not depend on "
-                       "the trainable variables %s" % missing)
-    keys[:] = list(outputs)
-    ret = [k + 1]
-    for t in outputs.values():
-      if small_dim in t.shape.dims:
-        # Put the microbatch in its rows; the sum over iterations then holds
-        # the full batch.
-        t = einsum_lib.einsum(
-            [t, index.one_hot(k, micro_dim, dtype=t.dtype)],
-            output_shape=shape_ops.replace_dimensions(
-                t.shape, small_dim, [small_dim, micro_dim]))
-        t = shape_ops.replace_dimensions(t, [small_dim, micro_dim], batch_dim)
-      ret.append(t)
-    return ret + grads
-
-  out = while_loop(lambda k: elementwise.less(k, num_splits), body_fn,
-                   [io.constant(mesh, 0, dtype=tf.int32)],
-                   has_accumulators=True, name="serialize_training_step")
-  combined_outputs = dict(zip(keys, out[1:1 + len(keys)]))
-  return out[1 + len(keys):], combined_outputs
-
-
 __all__ = [
     "while_loop", "custom_gradient", "recompute_grad", "depend", "Print",
-    "serialize_training_step", "clone_operations", "WhileLoopOperation",
+    "clone_operations", "WhileLoopOperation",
     "WhileLoopGradOperation", "CustomGradientOperation", "DependOperation",
     "PrintOperation",
 ]

@@ -12,6 +12,7 @@ import tensorflow as tf
 import harness
 import meshtf as mtf
 from meshtf.ops import control
+from meshtf.ops import microbatch
 from meshtf.ops import elementwise
 
 MESH = "rows:2;cols:4"
@@ -358,7 +359,7 @@ def test_serialize_training_step_matches_the_full_batch():
                               output_shape=[features["x"].shape.dims[0], h2]))
       per_example = mtf.reduce_sum(mtf.square(h), reduced_dim=h2)
       return {"loss": mtf.reduce_sum(per_example), "per_example": per_example}
-    grads, outputs = control.serialize_training_step(
+    grads, outputs = microbatch.serialize_training_step(
         {"x": t["x"]}, model_fn, batch, num_splits=2)
     return {k: mtf.stop_gradient(v) for k, v in
             [("loss", outputs["loss"]), ("per", outputs["per_example"]),
@@ -383,7 +384,7 @@ def test_serialize_training_step_bad_arguments():
   mesh = mtf.Mesh(graph, "m")
   x = mtf.ones(mesh, "batch:6;io:2")
   with pytest.raises(ValueError, match="num_splits=4 must divide"):
-    control.serialize_training_step({"x": x}, None, mtf.Dimension("batch", 6),
+    microbatch.serialize_training_step({"x": x}, None, mtf.Dimension("batch", 6),
                                      4)
   with pytest.raises(ValueError, match="without the batch dim"):
-    control.serialize_training_step({"x": x}, None, mtf.Dimension("b", 6), 2)
+    microbatch.serialize_training_step({"x": x}, None, mtf.Dimension("b", 6), 2)
