@@ -11,7 +11,6 @@ checked against numpy (log probabilities from the full model, GNMT length
 penalty) and against greedy decoding; the encoder-decoder decodes on two
 layouts; a trained tiny LM decodes the copy task.
 """
-import contextlib
 import importlib.util
 import os
 
@@ -55,19 +54,6 @@ PLACEMENT_LAYOUTS = [("all:4", "batch:all"), (FOUR, PAPER), (FOUR, MEM)]
 STOP = 7   # a token this untrained LM emits often (checked below)
 
 
-@contextlib.contextmanager
-def _grappler_off():
-  """Each graph runs once: optimising it costs more than it saves."""
-  saved = tf.config.optimizer.get_experimental_options()
-  tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-  try:
-    yield
-  finally:
-    tf.config.optimizer.set_experimental_options(
-        dict(saved, disable_meta_optimizer=saved.get("disable_meta_optimizer",
-                                                     False)))
-
-
 def _run(model_fn, arrays, mesh_shape="all:1", layout="",
          backend="placement", store=None):
   """Builds model_fn(mesh, {name: Tensor}) and lowers it once (no
@@ -78,7 +64,7 @@ def _run(model_fn, arrays, mesh_shape="all:1", layout="",
             for n, (a, s) in sorted(arrays.items())}
   outputs = model_fn(mesh, inputs)
   impl = harness.make_impl(backend, mesh_shape, layout)
-  with _grappler_off():
+  with harness.graph_optimizer_off():
     lowering = mtf.Lowering(graph, {mesh: impl}, variable_store=store,
                             outputs=list(outputs.values()))
     out = {n: lowering.export_to_tf_tensor(t).numpy()

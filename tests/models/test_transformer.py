@@ -51,23 +51,8 @@ def _step(mesh):
   return mtf.constant(mesh, 7, [], dtype=tf.int32)
 
 
-@pytest.fixture
-def no_graph_optimizer():
-  """Grappler's passes over the SPMD launch graph (8 copies of a ~3,000-op
-  program) take half the run time and change no value the test compares;
-  they are switched off for the test and restored after it."""
-  saved = tf.config.optimizer.get_experimental_options()
-  tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
-  try:
-    yield
-  finally:
-    tf.config.optimizer.set_experimental_options(
-        dict(saved, disable_meta_optimizer=saved.get("disable_meta_optimizer",
-                                                     False)))
-
-
 # --- full models on every layout ----------------------------------------------
-def test_lm_layout_invariant_packed_smoothing_gated(no_graph_optimizer):
+def test_lm_layout_invariant_packed_smoothing_gated():
   targets, seg, pos = _packed_lm_batch(0)
   lm = transformer.make_unitransformer(
       vocab_size=V, d_model=8, num_layers=1, num_heads=4, d_kv=4, d_ff=16,
@@ -120,7 +105,7 @@ def _tiny_bitransformer():
   return transformer.Bitransformer(encoder, decoder, shared_embedding=True)
 
 
-def test_encdec_layout_invariant_padding_shared_embeddings(no_graph_optimizer):
+def test_encdec_layout_invariant_padding_shared_embeddings():
   rs = np.random.RandomState(1)
   inputs = rs.randint(2, V, size=[B, L]).astype(np.int32)
   targets = rs.randint(2, V, size=[B, L]).astype(np.int32)
