@@ -465,25 +465,8 @@ def halo_exchange(x, blocks_dim, block_size_dim, halo_size, wrap=False):
   Example:
     >>> y = mtf.halo_exchange(x, blocks_dim, block_size_dim, 1)
   """
-  blocks_dim = _find_dim(x.shape, blocks_dim, "halo_exchange",
-                         "blocks_dim")[1]
-  block_size_dim = _find_dim(x.shape, block_size_dim, "halo_exchange",
-                             "block_size_dim")[1]
-  if halo_size == 0:
-    return x
-  partial = halo_size % block_size_dim.size
-  complete = halo_size // block_size_dim.size
-  parts = [x]
-  for i in range(1, complete + 1):
-    parts = ([shift(x, i, blocks_dim, wrap)] + parts +
-             [shift(x, -i, blocks_dim, wrap)])
-  if partial:
-    left = mtf_slice(x, 0, partial, block_size_dim.name)
-    right = mtf_slice(x, block_size_dim.size - partial, partial,
-                      block_size_dim.name)
-    parts = ([shift(right, complete + 1, blocks_dim, wrap)] + parts +
-             [shift(left, -(complete + 1), blocks_dim, wrap)])
-  return concat(parts, block_size_dim.name)
+  return _exchange_halos(x, blocks_dim, block_size_dim, halo_size, wrap,
+                         "halo_exchange", right_side=True)
 
 
 def left_halo_exchange(x, blocks_dim, block_size_dim, halo_size, wrap=False):
@@ -495,22 +478,35 @@ def left_halo_exchange(x, blocks_dim, block_size_dim, halo_size, wrap=False):
   Example:
     >>> k = mtf.left_halo_exchange(k, num_blocks, memory_block_length, 128)
   """
-  blocks_dim = _find_dim(x.shape, blocks_dim, "left_halo_exchange",
-                         "blocks_dim")[1]
-  block_size_dim = _find_dim(x.shape, block_size_dim, "left_halo_exchange",
+  return _exchange_halos(x, blocks_dim, block_size_dim, halo_size, wrap,
+                         "left_halo_exchange", right_side=False)
+
+
+def _exchange_halos(x, blocks_dim, block_size_dim, halo_size, wrap, op_name,
+                    right_side):
+  """The halo_size elements before each block (and after it, if right_side)
+  concatenated on block_size_dim: whole neighbouring blocks by shifts along
+  blocks_dim, then the partial margins."""
+  blocks_dim = _find_dim(x.shape, blocks_dim, op_name, "blocks_dim")[1]
+  block_size_dim = _find_dim(x.shape, block_size_dim, op_name,
                              "block_size_dim")[1]
   if halo_size == 0:
     return x
   partial = halo_size % block_size_dim.size
   complete = halo_size // block_size_dim.size
-  parts = [x]
+  before, after = [], []
   for i in range(1, complete + 1):
-    parts = [shift(x, i, blocks_dim, wrap)] + parts
+    before.insert(0, shift(x, i, blocks_dim, wrap))
+    if right_side:
+      after.append(shift(x, -i, blocks_dim, wrap))
   if partial:
-    right = mtf_slice(x, block_size_dim.size - partial, partial,
-                      block_size_dim.name)
-    parts = [shift(right, complete + 1, blocks_dim, wrap)] + parts
-  return concat(parts, block_size_dim.name)
+    tail = mtf_slice(x, block_size_dim.size - partial, partial,
+                     block_size_dim.name)
+    before.insert(0, shift(tail, complete + 1, blocks_dim, wrap))
+    if right_side:
+      head = mtf_slice(x, 0, partial, block_size_dim.name)
+      after.append(shift(head, -(complete + 1), blocks_dim, wrap))
+  return concat(before + [x] + after, block_size_dim.name)
 
 
 # --- dynamic_shift -----------------------------------------------------------
