@@ -25,7 +25,6 @@ import numpy as np  # noqa: E402
 import meshtf as mtf  # noqa: E402
 from meshtf.models import moe  # noqa: E402
 from meshtf.models import transformer  # noqa: E402
-from meshtf.models import transformer_layers as tl  # noqa: E402
 
 SIZES = dict(batch=16, length=64, vocab=256, d_model=128, num_layers=2,
              num_heads=8, d_kv=16, d_ff=512)
@@ -37,15 +36,9 @@ LAYOUTS = {
 
 
 def make_lm(kind):
-  def moe_ffn(x, context):
-    y, metrics = moe.moe_layer(x, context.model_dim, MOE, context.train,
-                               name=context.scope + "/moe")
-    if context.losses is not None:
-      context.losses.append(metrics["loss"])
-    return y
   ffn = None
   if kind == "moe":
-    ffn = lambda i: tl.FunctionLayer(moe_ffn, "moe") if i % 2 else None  # noqa: E731
+    ffn = lambda i: moe.MoeFeedForward(MOE) if i % 2 else None  # noqa: E731
   return transformer.make_unitransformer(
       vocab_size=SIZES["vocab"], d_model=SIZES["d_model"],
       num_layers=SIZES["num_layers"], num_heads=SIZES["num_heads"],

@@ -44,6 +44,7 @@ import tensorflow as tf
 import meshtf as mtf
 from meshtf.models import dtypes
 from meshtf.models import layers
+from meshtf.models import transformer_layers as tl
 
 GATINGS = ("top_2", "switch")
 SECOND_POLICIES = ("all", "none", "random", "threshold")
@@ -578,6 +579,38 @@ def transformer_moe_layer_v1(inputs, output_dim, hparams, train,
   return y, metrics["loss"]
 
 
-__all__ = ["MoeParams", "moe_layer", "transformer_moe_layer_v1",
+# --- as a Transformer layer ---------------------------------------------------
+class MoeFeedForward(tl.TransformerLayer):
+  """A Transformer LayerStack feed-forward layer that is a GShard MoE layer
+  (moe_layer); its load-balancing loss goes into context.losses, and its
+  metrics dict is appended to `sink.layers` when a sink is given.
+
+  Example:
+    >>> layer = MoeFeedForward(moe.MoeParams(moe_num_experts=8), sink)
+  """
+
+  def __init__(self, hparams, sink=None, mesh_shape=None, layout=None):
+    self.hparams = hparams
+    self.sink = sink
+    self.mesh_shape = mesh_shape
+    self.layout = layout
+
+  @property
+  def name(self):
+    return "MoE"
+
+  def call(self, context, x):
+    y, metrics = moe_layer(
+        x, context.model_dim, self.hparams, train=context.train,
+        variable_dtype=context.variable_dtype, layout=self.layout,
+        mesh_shape=self.mesh_shape, name=context.scope)
+    if context.losses is not None:
+      context.losses.append(metrics["loss"])
+    if self.sink is not None:
+      self.sink.layers.append(metrics)
+    return y
+
+
+__all__ = ["MoeParams", "moe_layer", "MoeFeedForward", "transformer_moe_layer_v1",
            "top_2_gating", "switch_gating", "expert_capacity",
            "split_into_groups", "validate_hparams"]

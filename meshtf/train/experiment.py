@@ -24,7 +24,6 @@ from meshtf.models import layers
 from meshtf.models import moe as moe_lib
 from meshtf.models import optimize
 from meshtf.models import transformer
-from meshtf.models import transformer_layers as tl
 from meshtf.train import config as config_lib
 from meshtf.train import data as data_lib
 
@@ -63,37 +62,6 @@ class MoeMetrics(object):
     }
 
 
-class MoeFeedForward(tl.TransformerLayer):
-  """A LayerStack feed-forward layer that is a GShard MoE layer
-  (meshtf.models.moe.moe_layer); its load-balancing loss goes into
-  context.losses, its metrics into `sink`.
-
-  Example:
-    >>> layer = MoeFeedForward(moe.MoeParams(moe_num_experts=8), sink)
-  """
-
-  def __init__(self, hparams, sink=None, mesh_shape=None, layout=None):
-    self.hparams = hparams
-    self.sink = sink
-    self.mesh_shape = mesh_shape
-    self.layout = layout
-
-  @property
-  def name(self):
-    return "MoE"
-
-  def call(self, context, x):
-    y, metrics = moe_lib.moe_layer(
-        x, context.model_dim, self.hparams, train=context.train,
-        variable_dtype=context.variable_dtype, layout=self.layout,
-        mesh_shape=self.mesh_shape, name=context.scope)
-    if context.losses is not None:
-      context.losses.append(metrics["loss"])
-    if self.sink is not None:
-      self.sink.layers.append(metrics)
-    return y
-
-
 def moe_params(config):
   """The config's moe.* settings as MoeParams."""
   m = config.moe
@@ -124,7 +92,7 @@ def moe_feedforward_layer_fn(config, sink=None):
 
   def fn(i, num_layers):
     if i in config_lib.moe_layer_indices(config, num_layers):
-      return MoeFeedForward(hparams, sink, str(config.mesh_shape),
+      return moe_lib.MoeFeedForward(hparams, sink, str(config.mesh_shape),
                             str(config.layout))
     return None
   return fn
@@ -396,38 +364,11 @@ def per_example_loss(model, features, mode="eval"):
   return total / mtf.maximum(count, 1.0), logits
 
 
-_MOE_REUSE = []
-
-
-def moe_layers_reuse_variables():
-  """True if moe.moe_layer called twice with one name in one graph shares
-  its variables (as layers.dense does), which cached decoding needs: its
-  incremental steps call every layer again. Probed symbolically once.
-
-  Example:
-    >>> moe_layers_reuse_variables()
-    True
-  """
-  if not _MOE_REUSE:
-    graph = mtf.Graph()
-    mesh = mtf.Mesh(graph, "probe")
-    x = mtf.zeros(mesh, "batch:4;d_model:4")
-    hp = moe_lib.MoeParams(moe_num_experts=2, moe_group_size=4,
-                           moe_hidden_size=4)
-    moe_lib.moe_layer(x, x.shape.dims[-1], hp, train=False, name="probe")
-    n = len(graph.all_variables)
-    moe_lib.moe_layer(x, x.shape.dims[-1], hp, train=False, name="probe")
-    _MOE_REUSE.append(len(graph.all_variables) == n)
-  return _MOE_REUSE[0]
-
-
 def decode_method(config):
-  """The decoding method to use: config.decode_method, except "recompute"
-  for MoE models while moe_layer cannot share variables between the
-  decoder's first pass and its incremental steps."""
-  if config.decode_method == "cached" and config.moe.num_experts and \
-      not moe_layers_reuse_variables():
-    return "recompute"
+  """The decoding method: config.decode_method ("cached": key/value caches
+  in one while loop; "recompute": re-run the model on the growing prefix).
+  MoE layers reuse their variables when called again, so cached decoding
+  works for MoE models too."""
   return config.decode_method
 
 
@@ -452,10 +393,10 @@ def perplexity(loss):
   return math.exp(min(loss, 50.0))
 
 
-__all__ = ["MoeMetrics", "MoeFeedForward", "moe_params",
+__all__ = ["MoeMetrics", "moe_params",
            "moe_feedforward_layer_fn", "build_model", "feature_names",
            "loss_fn", "make_optimizer", "learning_rate_schedule",
            "build_training_graph", "check_layouts", "parameter_counts",
            "Data", "make_data", "make_mesh_impl", "per_example_loss",
-           "moe_layers_reuse_variables", "decode_method", "decode_ids",
+           "decode_method", "decode_ids",
            "perplexity"]

@@ -20,9 +20,7 @@ train   restores the latest checkpoint in --model_dir if there is one (the
 eval    loss, accuracy and perplexity on held-out data.
 decode  greedy decoding of held-out inputs, with exact-match accuracy:
         key/value caches in one mtf.while_loop (meshtf.models.decoding), or
-        re-running the model on the growing prefix (decode_method, and for
-        MoE models while moe_layer cannot reuse its weights in a second
-        call; see experiment.decode_method).
+        re-running the model on the growing prefix (config.decode_method).
 export  a SavedModel (plain tf.Variables, full values) with signatures
         "score" (targets -> per-example loss) and "decode" (greedy), which
         TensorFlow loads without meshtf.

@@ -7,7 +7,6 @@ import numpy as np
 import harness
 from meshtf.models import moe
 from meshtf.models import transformer
-from meshtf.models import transformer_layers as tl
 
 B, L, V = 8, 8, 16
 HPARAMS = moe.MoeParams(moe_num_experts=4, moe_group_size=8,
@@ -15,19 +14,11 @@ HPARAMS = moe.MoeParams(moe_num_experts=4, moe_group_size=8,
                         moe_loss_coef=1e-2, moe_router_z_loss_coef=1e-3)
 
 
-def moe_ffn(x, context):
-  y, metrics = moe.moe_layer(x, context.model_dim, HPARAMS, context.train,
-                             name=context.scope + "/moe")
-  if context.losses is not None:
-    context.losses.append(metrics["loss"])
-  return y
-
-
 def make_lm():
   return transformer.make_unitransformer(
       vocab_size=V, d_model=8, num_layers=2, num_heads=4, d_kv=4, d_ff=16,
       max_length=L, vocab_divisor=1,
-      feedforward_layer_fn=lambda i: tl.FunctionLayer(moe_ffn, "moe")
+      feedforward_layer_fn=lambda i: moe.MoeFeedForward(HPARAMS)
       if i % 2 == 1 else None)
 
 
@@ -55,7 +46,7 @@ def test_moe_lm_layout_invariant_and_alltoall():
   runs = harness.assert_layout_invariant(
       model, {"targets": (targets, "batch:%d;length:%d" % (B, L))}, LAYOUTS)
   base = next(iter(runs.values()))
-  assert any("moe/wi/kernel" in n for n in base.grads)
+  assert any("MoE/wi/kernel" in n for n in base.grads)
   assert float(base.outputs["extra_loss"]) > 0.0
   for backend in harness.BACKENDS:
     kinds = {s["kind"] for s in
