@@ -321,7 +321,7 @@ def sample_autoregressive(model, partial_sequences, stop_at_token=EOS_ID,
 def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
                 stop_early=True, decode_length=None, use_tpu=True,
                 dtype=tf.float32, layout=None, mesh_shape=None,
-                num_prefilter=2, name="beam_search"):
+                num_prefilter=2, name="beam_search", prompts=None):
   """Beam search with GNMT length penalties (Mesh TensorFlow's
   beam_search.beam_search), in one mtf.while_loop.
 
@@ -333,6 +333,20 @@ def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
   beam). With stop_early the search ends once no alive beam can still beat
   the worst finished one (every log P only falls).
 
+  Prompts (meshtf's addition): while position i is inside a row's prompt,
+  the token at i is forced: it adds 0 to the log probability and every
+  other token gets -INF, so beam 0 stays the only live beam through the
+  prompt, and a forced token never finishes a sequence (even if it is
+  eos_id). The search proper starts after each row's prompt; rows may have
+  prompts of different lengths. log P sums the generated tokens only, but
+  the length penalty counts every position, the prompt included: a
+  sequence ending at position n scores log P / length_penalty(n + 1).
+
+  Candidates grown from the -INF beams (the copies of beam 0 at the start,
+  the losers of a forced step) are junk: they never join the finished set,
+  whatever token they end in (their score -INF / penalty would beat the
+  -INF of an empty finished slot), and they never outrank a real candidate.
+
   Args:
     logits_fn: (step, ids [batch..., beam, length], states) -> (logits
       [batch..., beam, vocab], new states); step is the scalar int32
@@ -342,21 +356,30 @@ def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
     states: meshtf Tensors with the beam dim (e.g. key/value caches).
     eos_id: the end-of-sequence id.
     stop_early: stop once the best sequences are certain.
-    decode_length: the most tokens to decode (int or scalar int Tensor;
-      capped at the length).
+    decode_length: the number of positions to decode, the prompt included
+      (int or scalar int Tensor; capped at the length): the search runs
+      positions 0 .. decode_length - 1.
     use_tpu, layout, mesh_shape, num_prefilter: accepted for Mesh
       TensorFlow's signature and unused: meshtf's top_k is exact on a split
       vocab (per-beam top 2 * beam, then the top over the candidates).
     dtype: float type of log probabilities and scores.
+    name: the loop's name.
+    prompts: None or int32 [batch..., length] (initial_ids' dims without
+      the beam dim): each row's prompt is its prefix up to the first 0 (see
+      prompt_length), shared by the row's beams. All zeros is the same as
+      None.
 
   Returns:
     (sequences [batch..., beam, length], scores [batch..., beam]), best
-    first. Rows where nothing finished return the alive beams, scored with
-    the penalty of their length (Mesh TensorFlow left those unpenalised).
+    first; each sequence holds its row's prompt, then the generated tokens.
+    Rows where nothing finished return the alive beams, scored with the
+    penalty of their length (Mesh TensorFlow left those unpenalised).
+    Beams scored below -INF / 2 are fillers (fewer than beam sequences
+    finished).
 
   Example:
     >>> beams, scores = beam_search(logits_fn, zeros_ids, alpha=0.6,
-    ...                             states=caches)
+    ...                             states=caches, prompts=prompt_ids)
   """
   del use_tpu, layout, mesh_shape, num_prefilter
   _check_ids(name, "initial_ids", initial_ids, 2)
@@ -379,6 +402,19 @@ def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
                        "search needs for its own dims" % (
                            name, initial_ids.shape, d.name))
   batch_by_beam = mtf.Shape(batch_dims + [beam_dim])
+  if prompts is not None:
+    want = mtf.Shape(batch_dims + [length_dim])
+    if (not isinstance(prompts, graph_lib.Tensor)
+        or prompts.dtype != tf.int32
+        or set(prompts.shape.dims) != set(want.dims)
+        or prompts.shape.ndims != want.ndims):
+      raise ValueError(
+          "%s: prompts %s must be an int32 meshtf Tensor with initial_ids' "
+          "dims without the beam dim %s, i.e. %s (initial_ids %s); pass one "
+          "prompt per row, shared by its beams (e.g. mtf.gather(ids, 0, "
+          "%r) of ids with a beam dim)" % (
+              name, getattr(prompts, "shape", prompts), beam_dim, want,
+              initial_ids.shape, beam_dim.name))
   if decode_length is None:
     decode_length = mtf.constant(mesh, length_dim.size, dtype=tf.int32)
   elif isinstance(decode_length, graph_lib.Tensor):
@@ -388,6 +424,12 @@ def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
     decode_length = mtf.constant(mesh, min(int(decode_length),
                                            length_dim.size), dtype=tf.int32)
   positions = mtf.range(mesh, length_dim, tf.int32)
+  if prompts is not None:
+    n_prompt = prompt_length(prompts, length_dim)
+    # Every beam (and every filler of the finished set) starts with the
+    # prompt; the forced steps write the same tokens again.
+    initial_ids = mtf.where(mtf.less(positions, n_prompt), prompts,
+                            initial_ids, output_shape=initial_ids.shape)
 
   # Beam 0 starts alone; the others' -INF keeps their copies out.
   alive_log_probs = mtf.broadcast(mtf.one_hot(
@@ -410,8 +452,17 @@ def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
                        "plus a vocab dim" % (name, logits.shape,
                                              batch_by_beam))
     vocab_dim = vocab[0]
-    log_probs = mtf.add(mtf.log_softmax(mtf.cast(logits, dtype), vocab_dim),
-                        alive_log_probs, output_shape=logits.shape)
+    step_log_probs = mtf.log_softmax(mtf.cast(logits, dtype), vocab_dim)
+    forcing = None
+    if prompts is not None:
+      # Inside a row's prompt only the prompt token may follow (log P + 0).
+      forcing = mtf.less(i, n_prompt)
+      forced = mtf.one_hot(_at(prompts, i, length_dim), vocab_dim,
+                           on_value=0.0, off_value=-INF, dtype=dtype)
+      step_log_probs = mtf.where(forcing, forced, step_log_probs,
+                                 output_shape=step_log_probs.shape)
+    log_probs = mtf.add(step_log_probs, alive_log_probs,
+                        output_shape=logits.shape)
     penalty = length_penalty(i + 1, alpha, dtype)
     scores = log_probs / penalty
     # The best 2 * beam of beam x vocab: each beam's best 2 * beam (top_k
@@ -431,7 +482,14 @@ def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
     top_seq = mtf.where(mtf.equal(positions, i), top_ids, top_seq,
                         output_shape=top_seq.shape)
     top_log_probs = top_scores * penalty
-    top_finished = mtf.equal(top_ids, eos_id)
+    # Junk (log P <= -INF / 2, grown from a -INF beam or a token a prompt
+    # excluded) never finishes: dividing by the penalty lifts -INF above
+    # the -INF of an empty finished slot. Nor does a forced prompt token.
+    top_finished = mtf.logical_and(mtf.equal(top_ids, eos_id),
+                                   mtf.greater(top_log_probs, -INF / 2))
+    if forcing is not None:
+      top_finished = mtf.logical_and(top_finished, mtf.logical_not(forcing),
+                                     output_shape=top_finished.shape)
     return (top_seq, top_log_probs, top_scores, top_finished, top_parent,
             new_cache)
 
@@ -443,7 +501,10 @@ def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
     # Alive: the best candidates that have not ended.
     _, keep = mtf.top_k(top_scores + finished_f * -INF, double_dim, beam_dim)
     alive_seq = gather_beams(top_seq, keep, double_dim, beam_dim)
-    alive_log_probs = gather_beams(top_log_probs, keep, double_dim, beam_dim)
+    # A finished candidate kept alive (fewer than beam others) is dead:
+    # -INF, so it is never extended past its EOS into a real candidate.
+    alive_log_probs = gather_beams(top_log_probs + finished_f * -INF, keep,
+                                   double_dim, beam_dim)
     parent = gather_beams(top_parent, keep, double_dim, beam_dim)
     new_cache = [gather_beams(mtf.rename_dimension(s, beam_dim.name,
                                                    old_beam_dim.name),
@@ -502,27 +563,38 @@ def beam_search(logits_fn, initial_ids, alpha, states=None, eos_id=EOS_ID,
 def model_beam_search(model, inputs, decode_length=None, variable_dtype=None,
                       encoder_output=None, encoder_sequence_id=None,
                       alpha=0.6, shared_params=None, bos_id=0,
-                      eos_id=None, return_scores=False):
+                      eos_id=None, return_scores=False, prompts=None):
   """Beam search of an autoregressive Unitransformer
   (Unitransformer.beam_search).
 
-  inputs: int32 zeros [batch..., beam, length] (no prompts, as in Mesh
-  TensorFlow). Returns the best beam [batch..., length] (and its scores
+  inputs: int32 zeros [batch..., beam, length] (as in Mesh TensorFlow;
+  they give the beam dim). prompts: None or int32 [batch..., length], one
+  prompt per row (its prefix up to the first 0), shared by the row's
+  beams: the search continues each prompt (see beam_search; the score's
+  length penalty counts the prompt's positions, decode_length counts
+  positions, the prompt included). Returns the best beam [batch...,
+  length], the prompt followed by the generated tokens (and its scores
   [batch...] with return_scores). eos_id defaults to model.eos_id.
+
+  The prompt is fed token by token through the cached loop (forced steps),
+  so the caches start empty and fill one position per step.
 
   Example:
     >>> best = model_beam_search(lm, mtf.zeros(mesh, "batch:8;beam:4;"
-    ...                          "length:16", dtype=tf.int32), alpha=0.6)
+    ...                          "length:16", dtype=tf.int32), alpha=0.6,
+    ...                          prompts=prompt_ids)   # [batch:8, length:16]
   """
   _check_ids("beam_search", "inputs", inputs, 2)
   beam_dim = inputs.shape.dims[-2]
+  # No first part over the prompts: beam_search forces them one position at
+  # a time, and each forced step writes that position's keys and values.
   logits_fn, states = incremental_logits_fn(
       model, inputs, variable_dtype, encoder_output, encoder_sequence_id,
       shared_params, has_partial_sequences=False, bos_id=bos_id)
   beams, scores = beam_search(
       logits_fn, inputs, alpha, states=states,
       eos_id=model.eos_id if eos_id is None else eos_id,
-      decode_length=decode_length)
+      decode_length=decode_length, prompts=prompts)
   best = mtf.gather(beams, 0, beam_dim)
   if return_scores:
     return best, mtf.gather(scores, 0, beam_dim)

@@ -84,10 +84,10 @@ def _check_layouts(model_fn, arrays, base, simd_layouts,
           backend, mesh_shape, layout, n))
 
 
-def _tiny_lm(vocab=V):
+def _tiny_lm(vocab=V, **kwargs):
   return transformer.make_unitransformer(
       vocab_size=vocab, d_model=8, num_layers=1, num_heads=4, d_kv=4,
-      d_ff=16, max_length=L, vocab_divisor=1)
+      d_ff=16, max_length=L, vocab_divisor=1, **kwargs)
 
 
 def _prompts():
@@ -227,14 +227,17 @@ def test_sample_logits_draws_fresh_noise_per_step():
 
 
 # --- beam search and the encoder-decoder --------------------------------------
-def _penalized(ids, log_probs, alpha, eos=decoding.EOS_ID):
-  """numpy: sum of log P up to and including the first EOS (else the whole
-  row), over GNMT's ((5 + length) / 6) ** alpha."""
+def _penalized(ids, log_probs, alpha, eos=decoding.EOS_ID, start=None):
+  """numpy: sum of log P from position start[b] (the generated part; 0 by
+  default) up to and including the first EOS from there (else the whole
+  row), over GNMT's ((5 + length) / 6) ** alpha of the whole length."""
   out = []
-  for row, lp in zip(ids, log_probs):
-    ends = np.where(row == eos)[0]
-    n = ends[0] + 1 if len(ends) else len(row)
-    out.append(sum(lp[t, row[t]] for t in range(n))
+  if start is None:
+    start = np.zeros(len(ids), int)
+  for row, lp, s in zip(ids, log_probs, start):
+    ends = np.where(row[s:] == eos)[0]
+    n = s + ends[0] + 1 if len(ends) else len(row)
+    out.append(sum(lp[t, row[t]] for t in range(s, n))
                / ((5.0 + n) / 6.0) ** alpha)
   return np.array(out)
 
@@ -315,6 +318,100 @@ def test_encdec_beam_search_and_greedy_decode():
                  [(FOUR, MEM)])
 
 
+def test_lm_beam_search_continues_prompts():
+  """Prompted beam search of the tiny LM (EOS = STOP, which it emits; row
+  3's prompt holds a forced STOP that must not end it): every beam starts
+  with its prompt; the best score is numpy's (the full model's log P of
+  the generated tokens over the penalty of the whole length) and at least
+  greedy's; beam 1 without EOS is greedy; all-zero prompts are no
+  prompts; the same tokens on a split layout of each backend."""
+  alpha, beam = 0.6, 4
+  lm = _tiny_lm(eos_id=STOP)
+  prompts = _prompts()
+  prompts[3, 1] = STOP
+  n_prompt = _prefix_len(prompts)
+  arrays = {"p": (prompts, "batch:%d;length:%d" % (B, L))}
+
+  def zeros(mesh, k):
+    return mtf.zeros(mesh, "batch:%d;beam:%d;length:%d" % (B, k, L),
+                     dtype=tf.int32)
+
+  def decode(mesh, x):
+    return {"best": lm.beam_search(zeros(mesh, beam), None, alpha=alpha,
+                                   prompts=x["p"])}
+
+  def reference(mesh, x):
+    out = decode(mesh, x)
+    p = x["p"]
+    for key, k, eos, prompt in (("beams", beam, STOP, p),
+                                ("beams1", 1, -1, p),
+                                ("noprompt", beam, STOP, None),
+                                ("zeroprompt", beam, STOP, mtf.zeros_like(p))):
+      ids = zeros(mesh, k)
+      fn, states = decoding.incremental_logits_fn(
+          lm, ids, has_partial_sequences=False)
+      out[key], out[key + "_scores"] = decoding.beam_search(
+          fn, ids, alpha, states, eos_id=eos, prompts=prompt)
+    out["greedy"] = lm.sample_autoregressive(p, stop_at_token=STOP)
+    out["greedy_nostop"] = lm.sample_autoregressive(p, stop_at_token=None)
+    out["beam_method"] = mtf.gather(out["beams"], 0, mtf.Dimension("beam",
+                                                                   beam))
+    for name in ("greedy", "beam_method"):
+      logits, _ = lm.call_simple(tl.autoregressive_inputs(out[name]),
+                                 compute_loss=False, mode="infer")
+      out["lp_" + name] = mtf.log_softmax(logits, lm.output_vocab_dim)
+    return out
+  ref, _ = _run(reference, arrays)
+  beams, best = ref["beams"], ref["beams"][:, 0]
+  in_prompt = np.arange(L)[None, :] < n_prompt[:, None]
+  for k in range(beam):
+    np.testing.assert_array_equal(beams[:, k][in_prompt], prompts[in_prompt])
+  np.testing.assert_array_equal(ref["best"], best)   # the method, eos STOP
+  assert best[3, 2] != 0      # the forced STOP at position 1 did not end it
+  # The best beam's score: the full model's log P of the generated tokens
+  # (through the first generated STOP) over the whole length's penalty.
+  got = _penalized(best, ref["lp_beam_method"], alpha, STOP, n_prompt)
+  np.testing.assert_allclose(ref["beams_scores"][:, 0], got, rtol=1e-4,
+                             atol=1e-4)
+  assert (np.diff(ref["beams_scores"], axis=1) <= 1e-6).all()
+  finished = [(best[b, n_prompt[b]:] == STOP).any() for b in range(B)]
+  assert sum(finished) >= B // 2, best
+  greedy = _penalized(ref["greedy"], ref["lp_greedy"], alpha, STOP, n_prompt)
+  assert (got >= greedy - 1e-5).all(), (got, greedy)
+  np.testing.assert_array_equal(ref["beams1"][:, 0], ref["greedy_nostop"])
+  for name in ("", "_scores"):
+    np.testing.assert_array_equal(ref["zeroprompt" + name],
+                                  ref["noprompt" + name])
+  _check_layouts(decode, arrays, {"best": best}, [(TWO, PAPER)],
+                 [(FOUR, MEM)])
+
+
+def test_beam_search_junk_never_finishes():
+  """Vocab 3 < 2 * beam: the candidates of a step include one grown from
+  the -INF beam left by the forced prompt steps; ending in EOS (the likely
+  token), it must not finish: -INF / penalty(3) would beat the -INF of the
+  empty finished slot. The slot stays a filler: the prompt, score -INF."""
+  alpha = 0.6
+  logits = np.array([0.0, 5.0, 0.0], np.float32)   # EOS = 1 is likely
+
+  def model(mesh, x):
+    ids = mtf.zeros(mesh, "batch:2;beam:2;length:4", dtype=tf.int32)
+    const = mtf.import_tf_tensor(mesh, tf.constant(logits), "vocab:3")
+
+    def logits_fn(step, unused_ids, states):
+      return mtf.broadcast(const, "batch:2;beam:2;vocab:3"), states
+    beams, scores = decoding.beam_search(logits_fn, ids, alpha,
+                                         decode_length=3, prompts=x["p"])
+    return {"beams": beams, "scores": scores}
+  prompts = np.array([[2, 2, 0, 0], [0, 0, 0, 0]], np.int32)
+  out, _ = _run(model, {"p": (prompts, "batch:2;length:4")})
+  eos_lp = logits[1] - np.log(np.exp(logits).sum())
+  np.testing.assert_array_equal(out["beams"][0], [[2, 2, 1, 0], [2, 2, 0, 0]])
+  np.testing.assert_allclose(out["scores"][0], [
+      eos_lp / (8.0 / 6.0) ** alpha, -decoding.INF], rtol=1e-5)
+  np.testing.assert_array_equal(out["beams"][1, 0], [1, 0, 0, 0])
+
+
 # --- a trained LM decodes the copy task ---------------------------------------
 def test_trained_lm_decodes_the_copy():
   length, n = 16, 7
@@ -392,6 +489,9 @@ def test_bad_arguments_raise_clear_errors():
     model_obj.decode(ids, beam_size=2, temperature=0.5)
   with pytest.raises(ValueError, match="beam_size"):
     model_obj.decode(ids, beam_size=0)
+  beams = mtf.zeros(mesh, "batch:2;beam:3;length:%d" % L, dtype=tf.int32)
+  with pytest.raises(ValueError, match=r"prompts .*without the beam dim"):
+    lm.beam_search(beams, None, prompts=beams)
   # A name reused with another shape is an error, not a silent new variable.
   mtf.get_variable(mesh, "w", "a:2")
   with pytest.raises(ValueError, match="get_variable: variable 'w' exists"):
