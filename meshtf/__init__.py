@@ -71,6 +71,8 @@ from meshtf.ops.index import range  # noqa: A004  (Mesh TensorFlow's mtf.range)
 from meshtf.ops.index import scatter_add
 from meshtf.ops.io import constant
 from meshtf.ops.io import import_fully_replicated
+from meshtf.ops.io import host_rows
+from meshtf.ops.io import import_rows
 from meshtf.ops.io import import_slices
 from meshtf.ops.io import import_tf_tensor
 from meshtf.ops.io import ones

@@ -332,18 +332,21 @@ class Unitransformer(object):
   def beam_search(self, inputs, decode_length, variable_dtype=None,
                   encoder_output=None, encoder_sequence_id=None,
                   encoder_inputs=None, alpha=0.6, shared_params=None,
-                  encoder_layer_outputs=None, bos_id=0):
+                  encoder_layer_outputs=None, bos_id=0, prompts=None):
     """Beam search from inputs: int32 zeros [batch..., beam, length];
-    returns the best beam [batch..., length]. See decoding.beam_search.
+    returns the best beam [batch..., length]. prompts: None or int32
+    [batch..., length], each row's prompt (its prefix up to the first 0)
+    to continue; the result starts with it. See decoding.beam_search.
 
     Example:
       >>> best = lm.beam_search(mtf.zeros(mesh, "batch:8;beam:4;length:16",
-      ...                                 dtype=tf.int32), decode_length=16)
+      ...                                 dtype=tf.int32), decode_length=16,
+      ...                       prompts=prompt_ids)  # [batch:8, length:16]
     """
     del encoder_inputs, encoder_layer_outputs
     return decoding.model_beam_search(
         self, inputs, decode_length, variable_dtype, encoder_output,
-        encoder_sequence_id, alpha, shared_params, bos_id)
+        encoder_sequence_id, alpha, shared_params, bos_id, prompts=prompts)
 
   def target_weights(self, context, targets, loss_weights=None):
     """float32 [batch..., length]: 1 on non-padding targets (times
@@ -598,15 +601,22 @@ def make_bitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
 
 # --- features -> logits, loss, metrics ----------------------------------------
 def import_features(mesh, features, batch_dim_name="batch",
-                    length_dim_name="length"):
+                    length_dim_name="length", rows=None, batch_size=None):
   """TF / numpy arrays [batch, length] -> meshtf Tensors with dims
   batch and length (meshtf Tensors pass through).
+
+  With rows (a worker's share of a multi-worker mesh, see mtf.host_rows)
+  the arrays hold only those rows of a batch of batch_size, in order, and
+  each processor of this host takes its slice from them (mtf.import_rows).
 
   Example:
     >>> feats = import_features(mesh, {"targets": tf.zeros([8, 16], tf.int32)})
     >>> feats["targets"].shape
     Shape([batch:8, length:16])
   """
+  if rows is not None and batch_size is None:
+    raise ValueError("import_features: rows=%s needs the global batch_size"
+                     % (list(rows)[:4],))
   out = {}
   for name, value in sorted(features.items()):
     if isinstance(value, graph_lib.Tensor):
@@ -619,6 +629,12 @@ def import_features(mesh, features, batch_dim_name="batch",
       raise ValueError("import_features: feature %r has shape %s; features "
                        "are [batch, length]" % (name, value.shape))
     b, l = value.shape.as_list()
+    if rows is not None:
+      shape = mtf.Shape([mtf.Dimension(batch_dim_name, batch_size),
+                         mtf.Dimension(length_dim_name, l)])
+      out[name] = mtf.import_rows(mesh, value, shape, rows,
+                                  name="feature_" + name)
+      continue
     out[name] = mtf.import_tf_tensor(
         mesh, value, mtf.Shape([mtf.Dimension(batch_dim_name, b),
                                 mtf.Dimension(length_dim_name, l)]),

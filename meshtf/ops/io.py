@@ -116,6 +116,73 @@ def import_slices(mesh, shape, slice_fn, dtype=tf.float32, name=None):
   return ImportSlicesOperation(mesh, shape, slice_fn, dtype, name).outputs[0]
 
 
+def host_rows(mesh_impl, shape):
+  """The indices along shape's first dim that this process's processors
+  hold (every index in one process; a worker's share of a multi-worker
+  mesh), sorted: the rows of a batch this host must read.
+
+  Example:
+    >>> host_rows(impl, "batch:16;length:8")   # worker 1 of 2, batch:data
+    [8, 9, 10, 11, 12, 13, 14, 15]
+  """
+  shape = shapes.convert_to_shape(shape)
+  local = getattr(mesh_impl, "local_pnums", None)
+  pnums = local() if local is not None else range(mesh_impl.size)
+  rows = set()
+  size = mesh_impl.slice_shape(shape)[0]
+  for p in pnums:
+    begin = int(mesh_impl.slice_begin(shape, p)[0])
+    rows.update(range(begin, begin + size))
+  return sorted(rows)
+
+
+def import_rows(mesh, local_rows, shape, rows, name=None):
+  """A tensor of `shape` of which this host holds only the rows `rows` of
+  the first dim (local_rows [len(rows), ...], in that order): each of this
+  host's processors takes its slice from them, so a worker of a
+  multi-worker mesh reads only its share of a batch (see host_rows).
+
+  Example:
+    >>> rows = mtf.host_rows(impl, "batch:16;length:8")
+    >>> x = mtf.import_rows(mesh, batch["targets"][rows],
+    ...                     "batch:16;length:8", rows)
+  """
+  shape = shapes.convert_to_shape(shape)
+  what = "import_rows%s" % (" (%s)" % name if name else "")
+  rows = [int(r) for r in rows]
+  local = tf.convert_to_tensor(local_rows)
+  if local.shape.rank != shape.ndims or local.shape[0] != len(rows) or (
+      local.shape.as_list()[1:] != shape.to_integer_list[1:]):
+    raise ValueError(
+        "%s: local rows have shape %s but %d rows of %s need shape %s: pass "
+        "the rows `rows` names, in order" % (
+            what, local.shape.as_list(), len(rows), shape,
+            [len(rows)] + shape.to_integer_list[1:]))
+  if any(not 0 <= r < shape.dims[0].size for r in rows):
+    raise ValueError("%s: rows %s are outside %s" % (
+        what, [r for r in rows if not 0 <= r < shape.dims[0].size], shape))
+  index = {r: i for i, r in enumerate(rows)}
+
+  def slice_fn(begin, size):
+    want = list(range(int(begin[0]), int(begin[0]) + int(size[0])))
+    missing = [r for r in want if r not in index]
+    if missing:
+      raise ValueError(
+          "%s: a processor of this host needs rows %d..%d of %s, but the "
+          "host holds only %d rows (missing %s); read the rows host_rows() "
+          "names" % (what, want[0], want[-1], shape, len(rows), missing[:4]))
+    picked = [index[r] for r in want]
+    if picked == list(range(picked[0], picked[0] + len(picked))):
+      first = picked[0]
+      value = local
+    else:  # rows out of order: gather them first
+      value, first = tf.gather(local, picked), 0
+    return tf.slice(value, [first] + [int(b) for b in begin[1:]],
+                    [int(s) for s in size])
+  return import_slices(mesh, shape, slice_fn, dtype=local.dtype,
+                       name=name or "import_rows")
+
+
 class FillOperation(graph_lib.Operation):
   """A tensor with every element equal to a Python scalar."""
 

@@ -21,6 +21,7 @@ LAYOUTS = [
 ]
 ARRAY = harness.random_array([8, 4], 7)
 ROW = harness.random_array([4], 8)
+PERM = [3, 1, 0, 2, 7, 5, 4, 6]
 
 # name -> (meshtf fn(mesh, x) -> created tensor, TensorFlow value)
 CREATED = {
@@ -61,6 +62,14 @@ CREATED = {
             mesh, "hidden:4", lambda begin, size: ROW[begin[0]:begin[0] +
                                                       size[0]]),
         tf.constant(ROW)),
+    # A host's rows of a batch, in order or not (all rows: one process).
+    "import_rows": (
+        lambda mesh, x: mtf.import_rows(mesh, ARRAY[PERM], X, PERM),
+        tf.constant(ARRAY)),
+    "import_rows_in_order": (
+        lambda mesh, x: mtf.import_rows(mesh, tf.constant(ARRAY), X,
+                                        range(8)),
+        tf.constant(ARRAY)),
     "import_tf_tensor": (
         lambda mesh, x: mtf.import_tf_tensor(mesh, tf.constant(ARRAY),
                                              mtf.Shape([("batch", 8),
@@ -198,6 +207,22 @@ def test_import_slices_wrong_slice_shape_is_named():
     harness.run_model(model, {}, "all:8", "batch:all")
 
 
+def test_host_rows_and_import_rows_errors():
+  impl = harness.make_impl("simd", "rows:2;cols:4", "batch:rows;hidden:cols")
+  assert mtf.host_rows(impl, X) == list(range(8))   # one process: all
+  with pytest.raises(ValueError, match=r"import_rows \(feat\): local rows "
+                     r"have shape \[3, 4\] but 4 rows of .* need shape "
+                     r"\[4, 4\]"):
+    mtf.import_rows(_mesh(), ARRAY[:3], X, [0, 1, 2, 3], name="feat")
+
+  def model(mesh, inputs):   # this host holds rows 0..3 only
+    return {"y": mtf.import_rows(mesh, ARRAY[:4], X, range(4)) * 1.0}
+  with pytest.raises(ValueError, match=r"needs rows 4\.\.7 .* holds only 4 "
+                     r"rows \(missing \[4, 5, 6, 7\]\)"):
+    harness.run_model(model, {}, "rows:2;cols:4", "batch:rows",
+                      backend="simd")
+
+
 def test_constant_array_shape_mismatch():
   with pytest.raises(ValueError, match="value has shape"):
     mtf.constant(_mesh(), np.zeros([4, 8]), X)
@@ -206,5 +231,6 @@ def test_constant_array_shape_mismatch():
 def test_every_exported_io_op_is_tested():
   exported = {n for n in dir(mtf) if getattr(getattr(mtf, n), "__module__",
                                               None) == io.__name__}
-  tested = {n for n in CREATED if hasattr(mtf, n)} | {"constant"}
+  tested = {n for n in CREATED if hasattr(mtf, n)} | {"constant",
+                                                        "host_rows"}
   assert exported and exported - tested == set()
