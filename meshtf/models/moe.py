@@ -61,6 +61,11 @@ class MoeParams(object):
     moe_num_experts: E.
     moe_group_size: S, the most tokens per routing group (groups get fewer
       when the token count asks for it, see split_into_groups).
+    moe_num_groups: 0 (the fewest groups of <= moe_group_size tokens whose
+      count the group dim's mesh axis divides: the grouping, so the routing,
+      depends on the layout) or G > 0: exactly G groups on every mesh and
+      layout (routing then is layout-invariant; G must divide the tokens
+      and be a multiple of the group axis size).
     moe_capacity_factor_train / moe_capacity_factor_eval: C = max(
       moe_min_expert_capacity, ceil(factor * k * S / E)), k = 2 for top_2 and
       1 for switch (then at most S: an expert never gets more). Mesh
@@ -95,9 +100,10 @@ class MoeParams(object):
                moe_second_policy_eval="random",
                moe_second_threshold_train=0.5, moe_second_threshold_eval=0.5,
                moe_loss_coef=1e-2, moe_router_z_loss_coef=0.0,
-               moe_second_threshold=None):
+               moe_second_threshold=None, moe_num_groups=0):
     self.moe_num_experts = moe_num_experts
     self.moe_group_size = moe_group_size
+    self.moe_num_groups = moe_num_groups
     self.moe_capacity_factor_train = moe_capacity_factor_train
     self.moe_capacity_factor_eval = moe_capacity_factor_eval
     self.moe_min_expert_capacity = moe_min_expert_capacity
@@ -172,6 +178,8 @@ def validate_hparams(hparams):
   for name in ("moe_loss_coef", "moe_router_z_loss_coef"):
     if get(name) < 0:
       bad(name, "must be >= 0")
+  if not isinstance(get("moe_num_groups"), int) or get("moe_num_groups") < 0:
+    bad("moe_num_groups", "must be an int >= 0 (0: from moe_group_size)")
 
 
 # --- sizes --------------------------------------------------------------------
@@ -192,6 +200,21 @@ def split_into_groups(n, max_group_size, mesh_dim_size=1):
   num_groups = max(1, -(-n // max_group_size))
   while num_groups % mesh_dim_size or n % num_groups:
     num_groups += 1
+  return num_groups, n // num_groups
+
+
+def _groups(x, n, num_groups, max_group_size, mesh_dim_size):
+  """(num_groups, group_size): a fixed count (the same routing on every
+  mesh and layout) or split_into_groups' choice, which depends on the size
+  of the group dim's mesh axis."""
+  if not num_groups:
+    return split_into_groups(n, max_group_size, mesh_dim_size)
+  if n % num_groups or num_groups % mesh_dim_size:
+    raise ValueError(
+        "moe_layer: x %s %s has %d tokens, cut into moe_num_groups=%d groups"
+        "; the groups must divide the tokens and be a multiple of %d (the "
+        "size of the group dim's mesh axis): set moe_num_groups to such a "
+        "count" % (x.name, x.shape, n, num_groups, mesh_dim_size))
   return num_groups, n // num_groups
 
 
@@ -476,9 +499,10 @@ def moe_layer(x, output_dim, hparams, train, variable_dtype=None,
   outer_dims, input_dim = x.shape.dims[:-1], x.shape.dims[-1]
   num_experts = hp("moe_num_experts")
   group_dim_name = mtf.Dimension("group", 1)
-  num_groups, group_size = split_into_groups(
-      x.shape.size // input_dim.size, hp("moe_group_size"),
-      _mesh_dim_size(layout, mesh_shape, group_dim_name))
+  num_groups, group_size = _groups(
+      x, x.shape.size // input_dim.size, hp("moe_num_groups"),
+      hp("moe_group_size"), _mesh_dim_size(layout, mesh_shape,
+                                           group_dim_name))
   factor = hp("moe_capacity_factor_" + ("train" if train else "eval"))
   capacity = expert_capacity(group_size, num_experts, factor, gating,
                              hp("moe_min_expert_capacity"))

@@ -246,6 +246,48 @@ def test_moe_layer_layout_invariant_with_alltoall():
     assert not big_gathers, stats
 
 
+def test_fixed_group_count_routes_alike_on_any_group_axis():
+  """moe_num_groups fixes G: a layout-aware layer (mesh_shape and layout
+  given, as in a Transformer) routes the same on 1 device and with the
+  group dim split 2 or 4 ways; the automatic count (from moe_group_size)
+  would give 1, 2 and 4 groups there, so different routing."""
+  x_np = harness.random_array([BATCH, LENGTH, D_MODEL], 5)
+  runs = [("all:1", "", "placement"),
+          (TWO, "batch:rows;group:rows;experts:cols", "simd"),
+          ("all:4", "batch:all;group:all;group_unsplit:all", "simd")]
+  outs = {}
+  for groups in (4, 0):
+    hp = moe.MoeParams(moe_num_experts=4, moe_group_size=32,
+                       moe_num_groups=groups, moe_hidden_size=8,
+                       moe_capacity_factor_train=0.5,
+                       moe_min_expert_capacity=1)
+    for mesh_shape, layout, backend in runs:
+      def model(mesh, t, mesh_shape=mesh_shape, layout=layout, hp=hp):
+        y, metrics = moe.moe_layer(t["x"], t["x"].shape.dims[-1], hp,
+                                   train=True, layout=layout,
+                                   mesh_shape=mesh_shape)
+        return {"y": y, "load": metrics["expert_load"]}
+      outs[groups, mesh_shape] = harness.run_model(
+          model, {"x": (x_np, "batch:8;length:4;d_model:4")}, mesh_shape,
+          layout, backend, wrt=["x"])
+  base = outs[4, "all:1"]
+  for mesh_shape, _, _ in runs[1:]:
+    got = outs[4, mesh_shape]
+    np.testing.assert_allclose(got.outputs["y"], base.outputs["y"],
+                               rtol=1e-5, atol=1e-6, err_msg=mesh_shape)
+    np.testing.assert_allclose(got.grads["x"], base.grads["x"], rtol=1e-4,
+                               atol=1e-6, err_msg=mesh_shape)
+  auto = [outs[0, m].outputs["y"] for m, _, _ in runs]
+  assert not np.allclose(auto[0], auto[2], atol=1e-4)
+  with pytest.raises(ValueError, match=r"moe_num_groups=3 groups; the groups "
+                     r"must divide the tokens"):
+    harness.run_model(lambda mesh, t: {"y": moe.moe_layer(
+        t["x"], t["x"].shape.dims[-1], moe.MoeParams(
+            moe_num_experts=4, moe_num_groups=3), train=True)[0]},
+                      {"x": (x_np, "batch:8;length:4;d_model:4")}, "all:1",
+                      "")
+
+
 # --- scale, sizes and errors --------------------------------------------------
 def test_paper_scale_builds_symbolically_in_seconds():
   """GShard's 600B layer shape: d_model 1024, d_ff 8192, 2048 experts, one
