@@ -20,8 +20,12 @@ setup(
         "tqdm",            # training progress bar
     ],
     extras_require={
-        "test": ["pytest", "pytest-timeout", "hypothesis"],
-        # Reading TFDS datasets from a local data_dir (never downloads).
-        "tfds": ["tensorflow-datasets"],
+        # The tests read a TFDS dataset they prepare locally.
+        "test": ["pytest", "pytest-timeout", "hypothesis",
+                 "tensorflow-datasets", "importlib_resources"],
+        # Reading TFDS datasets from a local data_dir (never downloads);
+        # importlib_resources: TFDS 4.9.10's download_and_prepare (tfds
+        # build) imports it on Python >= 3.9 without declaring it.
+        "tfds": ["tensorflow-datasets", "importlib_resources"],
     },
 )

@@ -28,13 +28,22 @@ class DataError(ValueError):
 def load_or_train_vocab(paths, model_dir, vocab_size, seq2seq=False):
   """A sentencepiece processor: model_dir/vocab.model if it exists, else one
   trained on the text of `paths` and saved there (ids: 0 pad, 1 EOS, 2 unk).
+
+  Example:
+    >>> sp = load_or_train_vocab(["train.txt"], "/tmp/m", vocab_size=1000)
   """
+  return _load_or_train_vocab(lambda: _file_texts(paths, seq2seq),
+                              ", ".join(paths), model_dir, vocab_size)
+
+
+def _load_or_train_vocab(texts_fn, source, model_dir, vocab_size):
+  """texts_fn() yields tuples of strings (one or two per example); it is
+  only called (and model_dir only written) when no vocabulary exists."""
   import sentencepiece as spm
   path = os.path.join(model_dir, VOCAB_NAME)
   if not os.path.exists(path):
-    sentences = []
-    for line in _lines(paths):  # checks the files before writing anything
-      sentences.extend(line.split("\t") if seq2seq else [line])
+    # Read (and so check) all the text before writing anything.
+    sentences = [s for texts in texts_fn() for s in texts]
     os.makedirs(model_dir, exist_ok=True)
     tmp_prefix = os.path.join(model_dir, ".tmp-vocab-%d" % os.getpid())
     try:
@@ -44,10 +53,11 @@ def load_or_train_vocab(paths, model_dir, vocab_size, seq2seq=False):
           bos_id=-1, hard_vocab_limit=False, model_type="unigram",
           minloglevel=2)
     except RuntimeError as e:
+      said = (str(e).strip().splitlines() or [type(e).__name__])[-1]
       raise DataError("Could not train a sentencepiece vocabulary of size %d "
-                      "on %s: %s. (sentencepiece says) -- set --config.vocab_size "
-                      "text, or a different vocab_size" % (vocab_size, ", ".join(paths),
-                                str(e).strip().splitlines()[-1]))
+                      "on %s (sentencepiece: %s): give it more text or set "
+                      "another --config.vocab_size" % (vocab_size, source,
+                                                        said))
     os.replace(tmp_prefix + ".model", path)  # atomic: never a half file
     for leftover in (tmp_prefix + ".vocab",):
       if os.path.exists(leftover):
@@ -66,6 +76,18 @@ def _lines(paths):
         line = line.rstrip("\n")
         if line.strip():
           yield line
+
+
+def _file_texts(paths, seq2seq):
+  """(line,) per line, or (input, target) per input<TAB>target line."""
+  for line in _lines(paths):
+    if not seq2seq:
+      yield (line,)
+    elif "\t" not in line:
+      raise DataError("seq2seq data needs input<TAB>target lines; got %r"
+                      % line[:60])
+    else:
+      yield tuple(line.split("\t", 1))
 
 
 class PackedRows(object):
@@ -112,18 +134,43 @@ class TextDataset(PackedRows):
 
   def __init__(self, paths, model_dir, length, vocab_size=1000, seq2seq=False,
                seed=0):
-    self.vocab = load_or_train_vocab(paths, model_dir, vocab_size, seq2seq)
+    self._build(lambda: _file_texts(paths, seq2seq), ", ".join(paths),
+                model_dir, length, vocab_size, seed)
+
+  @classmethod
+  def from_texts(cls, texts, source, model_dir, length, vocab_size=1000,
+                 seed=0):
+    """Rows from in-memory examples: tuples of one string (lm) or two
+    (input, target: seq2seq). `source` names them in error messages.
+
+    Example:
+      >>> ds = TextDataset.from_texts([("a cat",), ("a dog",)], "pets",
+      ...                             "/tmp/m", length=16, vocab_size=20)
+    """
+    texts = [tuple(t) for t in texts]
+    if not texts:
+      raise DataError("%s has no examples" % source)
+    sizes = sorted({len(t) for t in texts})
+    if sizes not in ([1], [2]):
+      raise DataError("%s: every example needs one text (lm) or every one "
+                      "two (input, target); got %s texts per example" % (
+                          source, " and ".join(map(str, sizes))))
+    self = cls.__new__(cls)
+    self._build(lambda: iter(texts), source, model_dir, length, vocab_size,
+                seed)
+    return self
+
+  def _build(self, texts_fn, source, model_dir, length, vocab_size, seed):
+    self.vocab = _load_or_train_vocab(texts_fn, source, model_dir,
+                                      vocab_size)
     self.vocab_size = self.vocab.get_piece_size()
     examples = []
-    for line in _lines(paths):
-      if seq2seq:
-        if "\t" not in line:
-          raise DataError("seq2seq data needs input<TAB>target lines; got %r"
-                          % line[:60])
-        x, y = line.split("\t", 1)
-        examples.append({"inputs": self._ids(x), "targets": self._ids(y)})
+    for texts in texts_fn():
+      if len(texts) == 2:
+        examples.append({"inputs": self._ids(texts[0]),
+                         "targets": self._ids(texts[1])})
       else:
-        examples.append({"targets": self._ids(line)})
+        examples.append({"targets": self._ids(texts[0])})
     super().__init__(data.pack(examples, length), seed)
 
   def _ids(self, text):
@@ -138,11 +185,52 @@ class TextDataset(PackedRows):
 
 def tfds_dataset(name, data_dir, split, length, model_dir, vocab_size=1000,
                  text_keys=("text",), seed=0, max_examples=100000):
-  """A TFDS dataset from a LOCAL data_dir (never downloads) as packed rows.
+  """A TFDS dataset prepared in a LOCAL data_dir as packed rows (meshtf
+  never downloads). The dataset's code need not be installed: TFDS reads a
+  prepared dataset from its files (features.json, dataset_info.json).
 
-  text_keys: one feature (lm) or two (input, target: seq2seq).
-  A missing package, dataset or local copy raises DataError at once.
+  Args:
+    name, data_dir, split, text_keys, max_examples: as for tfds_texts.
+    length, model_dir, vocab_size, seed: as for TextDataset (a vocabulary
+      is trained on this split's text if model_dir has none).
+
+  A missing package, dataset, split or feature raises DataError before
+  anything is written.
+
+  Example:
+    >>> ds = tfds_dataset("lm1b", "/data/tfds", "train", 64, "/tmp/m")
+    >>> batch = ds.batch(step=0, batch_size=8)
   """
+  texts = tfds_texts(name, data_dir, split, text_keys, max_examples)
+  return TextDataset.from_texts(
+      texts, "TFDS dataset %s in %s split %r" % (name, data_dir, split),
+      model_dir, length, vocab_size, seed=seed)
+
+
+def tfds_texts(name, data_dir, split, text_keys=("text",),
+               max_examples=100000):
+  """The text of a TFDS dataset prepared in a LOCAL data_dir: a list of
+  tuples, one string per text key, for the non-blank examples of `split`.
+  Reads only; writes nothing (check every split before training a vocab).
+
+  Args:
+    name: TFDS name, optionally with config and version ("wmt14/de-en:1.0.0").
+    data_dir: the directory it was prepared in (`tfds build --data_dir`).
+    split: a TFDS split ("train", "validation", "train[:10%]").
+    text_keys: one scalar text feature (lm) or two (input, target:
+      seq2seq); "a/b" names feature b nested in feature dict a.
+    max_examples: read at most this many examples of the split.
+
+  Example:
+    >>> texts = tfds_texts("lm1b", "/data/tfds", "test", max_examples=2)
+    >>> len(texts), len(texts[0])
+    (2, 1)
+  """
+  text_keys = tuple(text_keys)
+  if len(text_keys) not in (1, 2):
+    raise DataError("TFDS text_keys %s must name one text feature (lm) or "
+                    "two (input,target): set --config.task.text_keys"
+                    % ",".join(text_keys))
   if not data_dir or not os.path.isdir(data_dir):
     raise DataError("TFDS data_dir %r does not exist; meshtf never downloads "
                     "datasets: prepare %s there first (tfds build) or use "
@@ -153,31 +241,108 @@ def tfds_dataset(name, data_dir, split, length, model_dir, vocab_size=1000,
     raise DataError("tensorflow_datasets is not installed: pip install "
                     "tensorflow-datasets, or use --config.data_files"
                     ) from None
+  builder = _tfds_builder(tfds, name, data_dir)
+  where = "TFDS dataset %s in %s" % (name, data_dir)
+  for key in text_keys:
+    _check_text_feature(tfds, builder.info.features, key, where)
+  texts = []
+  try:
+    ds = builder.as_dataset(split=split, shuffle_files=False)
+    for ex in tfds.as_numpy(ds.take(max_examples)):
+      t = tuple(_text_value(ex, k) for k in text_keys)
+      if all(s.strip() for s in t):  # like blank lines of text files
+        texts.append(t)
+  except Exception as e:  # tfds / tf.data raise many kinds; report one line
+    raise DataError("%s: cannot read split %r (tfds: %s): set "
+                    "--config.task.tfds_split / tfds_eval_split to one of %s"
+                    % (where, split, _first_line(e), ", ".join(sorted(
+                        builder.info.splits.keys()))))
+  if not texts:
+    raise DataError("%s split %r has no non-blank examples of %s: set "
+                    "--config.task.tfds_split / tfds_eval_split or "
+                    "--config.task.text_keys" % (where, split,
+                                                 ",".join(text_keys)))
+  return texts
+
+
+def _first_line(e):
+  return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _tfds_builder(tfds, name, data_dir):
+  """The prepared builder of `name` in data_dir: the installed dataset code
+  when that version is prepared there, else whatever the files in data_dir
+  hold (the code is not installed, or another TFDS release prepared it)."""
+  from absl import logging as absl_logging
+  # Looking up a dataset that is not there logs misleading warnings
+  # ("Variant folder ... has no dataset_info.json"); our error says it all.
+  verbosity = absl_logging.get_verbosity()
+  absl_logging.set_verbosity(absl_logging.ERROR)
+  try:
+    return _find_tfds_builder(tfds, name, data_dir)
+  finally:
+    absl_logging.set_verbosity(verbosity)
+
+
+def _find_tfds_builder(tfds, name, data_dir):
+  not_found = tfds.core.registered.DatasetNotFoundError
+  problem = None
   try:
     builder = tfds.builder(name, data_dir=data_dir)
-    if not builder.is_prepared():
-      raise DataError("TFDS dataset %s is not prepared in %s (offline: no "
-                      "download); run tfds build there first" % (name,
-                                                                 data_dir))
-    ds = builder.as_dataset(split=split)
-  except DataError:
-    raise
-  except Exception as e:  # tfds raises many kinds; report one line
-    raise DataError("TFDS dataset %s in %s is unusable: %s" % (
-        name, data_dir, str(e).strip().splitlines()[0]))
-  texts = []
-  for i, ex in enumerate(tfds.as_numpy(ds)):
-    if i >= max_examples:
-      break
-    texts.append([ex[k].decode("utf-8") for k in text_keys])
-  tmp = os.path.join(model_dir, ".tfds-text-%d.txt" % os.getpid())
-  os.makedirs(model_dir, exist_ok=True)
-  with open(tmp, "w", encoding="utf-8") as f:
-    for t in texts:
-      f.write("\t".join(s.replace("\t", " ").replace("\n", " ") for s in t)
-              + "\n")
+    if builder.is_prepared():
+      return builder
+  except not_found:
+    pass
+  except Exception as e:  # e.g. the dataset code needs a missing package
+    problem = e
   try:
-    return TextDataset([tmp], model_dir, length, vocab_size,
-                       seq2seq=len(text_keys) == 2, seed=seed)
-  finally:
-    os.remove(tmp)
+    builder = tfds.core.read_only_builder.builder_from_files(
+        name, data_dir=data_dir)
+    if builder.is_prepared():
+      return builder
+  except not_found:
+    pass
+  except Exception as e:  # e.g. a damaged dataset_info.json
+    problem = e
+  raise DataError(
+      "TFDS dataset %s is not prepared in %s%s; meshtf never downloads: "
+      "prepare it there first (tfds build %s --data_dir=%s) or use "
+      "--config.data_files" % (
+          name, data_dir,
+          " (tfds: %s)" % _first_line(problem) if problem else "",
+          name.split(":")[0], data_dir))
+
+
+def _check_text_feature(tfds, features, key, where):
+  """The scalar text feature `key` ("a/b": nested) of a FeaturesDict."""
+  feature = features
+  for part in key.split("/"):
+    if not isinstance(feature, tfds.features.FeaturesDict) or \
+        part not in feature.keys():
+      raise DataError("%s has no feature %r (its features: %s): set "
+                      "--config.task.text_keys" % (
+                          where, key, ", ".join(sorted(_feature_names(
+                              tfds, features)))))
+    feature = feature[part]
+  if getattr(feature, "np_dtype", None) not in (object, np.str_, np.bytes_) \
+      or tuple(feature.shape) != ():
+    raise DataError("%s feature %r is not a text string (%s): set "
+                    "--config.task.text_keys to text features" % (
+                        where, key, type(feature).__name__))
+
+
+def _feature_names(tfds, features, prefix=""):
+  out = []
+  for k in features.keys():
+    if isinstance(features[k], tfds.features.FeaturesDict):
+      out += _feature_names(tfds, features[k], prefix + k + "/")
+    else:
+      out.append(prefix + k)
+  return out
+
+
+def _text_value(example, key):
+  value = example
+  for part in key.split("/"):
+    value = value[part]
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
