@@ -33,6 +33,7 @@ SCHEDULES = ("constant", "rsqrt", "linear")
 GATINGS = ("top_2", "switch")
 MODES = ("train", "eval", "decode", "export")
 DECODE_METHODS = ("cached", "recompute")
+DECODE_STRATEGIES = ("greedy", "sample", "beam")
 
 
 class ConfigError(ValueError):
@@ -84,6 +85,11 @@ def default_config():
   #                              comma-separated indices "1,3"
   c.moe.hidden_size = 64       # d_ff of each expert
   c.moe.group_size = 64        # most tokens per routing group
+  c.moe.num_groups = 0         # 0: the fewest groups of <= group_size tokens
+  #                              that the group axis divides (so the routing
+  #                              depends on that axis' size); G > 0: exactly
+  #                              G groups on any mesh (checkpoints then
+  #                              reshard with identical routing)
   c.moe.capacity_factor_train = 1.0
   c.moe.capacity_factor_eval = 2.0
   c.moe.min_expert_capacity = 4
@@ -133,11 +139,20 @@ def default_config():
   c.log_every = 10
   c.target_accuracy = 0.99     # reported at the end of training
   c.stop_at_target = True      # stop once an eval reaches target_accuracy
-  c.decode_batches = 2         # batches greedily decoded by --mode=decode
-  c.decode_method = "cached"   # cached: key/value caches in one
+  c.decode_batches = 2         # held-out batches decoded by --mode=decode
+  c.decode_strategy = "greedy"  # greedy | sample | beam
+  c.decode_method = "cached"   # greedy: cached = key/value caches in one
   #                              mtf.while_loop (meshtf.models.decoding);
-  #                              recompute: re-run the whole model on the
+  #                              recompute = re-run the whole model on the
   #                              growing prefix (a check on the first)
+  c.decode_temperature = 1.0   # sample: softmax temperature
+  c.decode_top_k = 0           # sample: among the k likeliest (0: all)
+  c.decode_beam_size = 4       # beam
+  c.decode_alpha = 0.6         # beam: GNMT length penalty exponent
+  c.decode_prompts_file = ""   # prompts, one per line (synthetic task: token
+  #                              ids; text data: text); "": held-out data
+  c.decode_output_file = ""    # decodes of the prompts file ("":
+  #                              model_dir/decodes-<step>.txt)
   c.export_batch_size = 0      # largest batch of the exported signatures;
   #                              0: batch_size
   return c
@@ -274,6 +289,23 @@ def validate(config, check_layout=True, check_data=True):
   need(config.decode_method in DECODE_METHODS, "decode_method=%r is "
        "unknown: use --config.decode_method=cached or recompute"
        % config.decode_method)
+  need(config.decode_strategy in DECODE_STRATEGIES, "decode_strategy=%r is "
+       "unknown: use --config.decode_strategy=%s" % (
+           config.decode_strategy, " | ".join(DECODE_STRATEGIES)))
+  need(config.decode_method == "cached" or config.decode_strategy ==
+       "greedy", "decode_method=%r decodes greedily only, but "
+       "decode_strategy is %r: set --config.decode_method=cached" % (
+           config.decode_method, config.decode_strategy))
+  need(config.decode_temperature >= 0, "decode_temperature=%r must be >= 0 "
+       "(0: greedy)" % config.decode_temperature)
+  need(isinstance(config.decode_top_k, int) and config.decode_top_k >= 0,
+       "decode_top_k=%r must be an integer >= 0 (0: sample among all "
+       "tokens)" % config.decode_top_k)
+  need(isinstance(config.decode_beam_size, int) and
+       config.decode_beam_size >= 1, "decode_beam_size=%r must be a positive"
+       " integer: set --config.decode_beam_size=4" % config.decode_beam_size)
+  need(config.decode_alpha >= 0, "decode_alpha=%r must be >= 0 (GNMT uses "
+       "0.6)" % config.decode_alpha)
   need(config.positional_embedding in ("learned", "sinusoidal", "none"),
        "positional_embedding=%r: use learned, sinusoidal or none"
        % config.positional_embedding)
@@ -293,6 +325,9 @@ def validate(config, check_layout=True, check_data=True):
     for key in ("hidden_size", "group_size", "min_expert_capacity"):
       need(isinstance(moe[key], int) and moe[key] >= 1,
            "moe.%s=%r must be a positive integer" % (key, moe[key]))
+    need(isinstance(moe.num_groups, int) and moe.num_groups >= 0,
+         "moe.num_groups=%r must be an integer >= 0 (0: from group_size)"
+         % moe.num_groups)
     for key in ("capacity_factor_train", "capacity_factor_eval"):
       need(moe[key] > 0, "moe.%s=%r must be > 0 (GShard uses 1.0 when "
            "training)" % (key, moe[key]))

@@ -23,6 +23,7 @@ import numpy as np
 
 PAD, EOS, SEP = 0, 1, 2
 _FIRST_SYMBOL = 3
+PLUS = _FIRST_SYMBOL + 10   # addition: digits are 3..12, then "+"
 PROBLEMS = ("copy", "reverse", "addition")
 
 
@@ -75,18 +76,64 @@ class SyntheticTask(object):
       nb = rng.integers(1, self.max_digits + 1)
       a = int("".join(str(d) for d in rng.integers(0, 10, na)))
       b = int("".join(str(d) for d in rng.integers(0, 10, nb)))
-      digits = lambda v: [_FIRST_SYMBOL + int(c) for c in reversed(str(v))]
-      return digits(a) + [_FIRST_SYMBOL + 10] + digits(b), digits(a + b)
+      x = _digits(a) + [PLUS] + _digits(b)
+      return x, self.answer(x)
     n = rng.integers(self.min_symbols, self.max_symbols + 1)
-    x = list(rng.integers(_FIRST_SYMBOL, self.vocab_size, n))
-    return x, (x if self.problem == "copy" else x[::-1])
+    x = [int(t) for t in rng.integers(_FIRST_SYMBOL, self.vocab_size, n)]
+    return x, self.answer(x)
+
+  def answer(self, x):
+    """The output tokens for input tokens x (a prompt of the task).
+
+    Example:
+      >>> SyntheticTask("reverse", 16, 16).answer([5, 6, 7])
+      [7, 6, 5]
+    """
+    if self.problem != "addition":
+      return list(x) if self.problem == "copy" else list(x)[::-1]
+    x = list(x)
+    if x.count(PLUS) != 1 or x[0] == PLUS or x[-1] == PLUS:
+      raise ValueError("an addition prompt is digits (%d..%d, least "
+                       "significant first), %d (+), digits; got %s" % (
+                           _FIRST_SYMBOL, _FIRST_SYMBOL + 9, PLUS, x))
+    i = x.index(PLUS)
+    value = lambda ds: int("".join(str(d - _FIRST_SYMBOL)  # noqa: E731
+                                   for d in reversed(ds)))
+    return _digits(value(x[:i]) + value(x[i + 1:]))
+
+  def check_prompt(self, x):
+    """Raises ValueError (naming the limits) if x is not an input of this
+    task: symbols only (ids _FIRST_SYMBOL..vocab_size-1) and short enough
+    that input, output and EOS fit the length."""
+    x = list(x)
+    bad = [t for t in x if not _FIRST_SYMBOL <= t < self.vocab_size]
+    if not x or bad:
+      raise ValueError("%s prompts are token ids in %d..%d; got %s" % (
+          self.problem, _FIRST_SYMBOL, self.vocab_size - 1, x or "nothing"))
+    y = self.answer(x)
+    need = len(x) + 1 + len(y) + 1 if not self.seq2seq else max(len(x),
+                                                                len(y)) + 1
+    if need > self.length:
+      raise ValueError("the %d-token prompt and its %d-token answer need "
+                       "length >= %d, the length is %d" % (
+                           len(x), len(y), need, self.length))
 
   def batch(self, step, batch_size, seed=0, rows=None):
     """The batch of `step` (only `rows` of it, if given: a worker's share)."""
     rows = range(batch_size) if rows is None else rows
+    return self.batch_of([self.example(_row_rng(seed, step, row))
+                          for row in rows])
+
+  def batch_of(self, examples):
+    """A batch of (input tokens, output tokens) pairs in the task's format.
+
+    Example:
+      >>> task = SyntheticTask("reverse", 16, 8)
+      >>> task.batch_of([([5, 6], [6, 5])])["targets"].tolist()
+      [[5, 6, 2, 6, 5, 1, 0, 0]]
+    """
     out = {}
-    for i, row in enumerate(rows):
-      x, y = self.example(_row_rng(seed, step, row))
+    for x, y in examples:
       if self.seq2seq:
         feats = {"inputs": _padded(x + [EOS], self.length),
                  "targets": _padded(y + [EOS], self.length)}
@@ -100,6 +147,11 @@ class SyntheticTask(object):
       for k, v in _segment_features(feats).items():
         out.setdefault(k, []).append(v)
     return {k: np.stack(v) for k, v in out.items()}
+
+
+def _digits(value):
+  """Decimal digits of value as symbols, least significant first."""
+  return [_FIRST_SYMBOL + int(c) for c in reversed(str(value))]
 
 
 def _padded(tokens, length):

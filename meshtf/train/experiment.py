@@ -67,6 +67,7 @@ def moe_params(config):
   m = config.moe
   return moe_lib.MoeParams(
       moe_num_experts=m.num_experts, moe_group_size=m.group_size,
+      moe_num_groups=m.num_groups,
       moe_capacity_factor_train=m.capacity_factor_train,
       moe_capacity_factor_eval=m.capacity_factor_eval,
       moe_min_expert_capacity=m.min_expert_capacity,
@@ -157,13 +158,16 @@ def feature_names(config):
   return names
 
 
-def loss_fn(model, sink, mode="train"):
+def loss_fn(model, sink, mode="train", rows=None, batch_size=None):
   """TrainStep loss function: (mesh, tf features, step) -> (loss, metrics)
-  with the MoE metrics added."""
+  with the MoE metrics added. With rows, the features hold only those rows
+  of a batch of batch_size (a worker's share)."""
   def fn(mesh, features, step=None):
     sink.clear()
     _, loss, metrics = transformer.compute_logits_loss_metrics(
-        model, transformer.import_features(mesh, features), mode, step)
+        model, transformer.import_features(mesh, features, rows=rows,
+                                           batch_size=batch_size),
+        mode, step)
     metrics = dict(metrics)
     metrics.update(sink.summary())
     sink.clear()
@@ -266,13 +270,14 @@ class Data(object):
     self.synthetic = synthetic
     self.vocab = vocab
 
-  def train_batch(self, step):
+  def train_batch(self, step, rows=None):
+    """The batch of a training step (only `rows` of it: a worker's share)."""
     return _complete(self.train_source.batch(step, self.batch_size,
-                                             seed=self.seed))
+                                             seed=self.seed, rows=rows))
 
-  def eval_batch(self, i):
+  def eval_batch(self, i, rows=None):
     return _complete(self.eval_source.batch(i, self.batch_size,
-                                            seed=self.eval_seed))
+                                            seed=self.eval_seed, rows=rows))
 
 
 def _complete(batch):
@@ -310,13 +315,27 @@ def make_data(config, model_dir):
     return Data(train, held, config.batch_size, config.seed, eval_seed,
                 vocab=train)
   if task.tfds_name:
-    keys = tuple(k.strip() for k in str(task.text_keys).split(",") if k)
-    train = text_data.tfds_dataset(
-        task.tfds_name, task.tfds_data_dir, task.tfds_split, config.length,
-        model_dir, config.vocab_size, keys, seed=config.seed)
-    held = text_data.tfds_dataset(
-        task.tfds_name, task.tfds_data_dir, task.tfds_eval_split,
-        config.length, model_dir, config.vocab_size, keys, seed=eval_seed)
+    keys = tuple(k.strip() for k in str(task.text_keys).split(",")
+                 if k.strip())
+    if len(keys) != (2 if seq2seq else 1):  # else a KeyError or lost inputs
+      raise text_data.DataError(
+          "model_type=%s needs %s TFDS text feature%s but task.text_keys is "
+          "%r: set --config.task.text_keys=%s" % (
+              config.model_type, "two (input,target)" if seq2seq else "one",
+              "s" if seq2seq else "", task.text_keys,
+              "input_feature,target_feature" if seq2seq else "text"))
+    # Read (and so check) both splits before a vocabulary is written.
+    texts = {split: text_data.tfds_texts(task.tfds_name, task.tfds_data_dir,
+                                         split, keys)
+             for split in (task.tfds_split, task.tfds_eval_split)}
+
+    def rows(split, seed):
+      return text_data.TextDataset.from_texts(
+          texts[split], "TFDS dataset %s in %s split %r" % (
+              task.tfds_name, task.tfds_data_dir, split),
+          model_dir, config.length, config.vocab_size, seed=seed)
+    train = rows(task.tfds_split, config.seed)   # trains the vocabulary
+    held = rows(task.tfds_eval_split, eval_seed)
     _check_vocab(config, train.vocab_size)
     return Data(train, held, config.batch_size, config.seed, eval_seed,
                 vocab=train)
@@ -365,28 +384,63 @@ def per_example_loss(model, features, mode="eval"):
 
 
 def decode_method(config):
-  """The decoding method: config.decode_method ("cached": key/value caches
-  in one while loop; "recompute": re-run the model on the growing prefix).
-  MoE layers reuse their variables when called again, so cached decoding
-  works for MoE models too."""
+  """The greedy decoding method: config.decode_method ("cached": key/value
+  caches in one while loop; "recompute": re-run the model on the growing
+  prefix). MoE layers reuse their variables when called again, so cached
+  decoding works for MoE models too."""
   return config.decode_method
 
 
-def decode_ids(model, features):
-  """Greedy decoding with key/value caches (meshtf.models.decoding), as
-  meshtf ops: a language model continues features["targets"] (its prompt:
-  the prefix up to the first 0); a Bitransformer decodes
-  features["inputs"]. Returns int32 [batch, length]: the prompt, the
-  decoded tokens through EOS, then zeros.
+def decode_options(config, strategy=None):
+  """decode_ids keyword arguments for a strategy (default the config's):
+  greedy, sample (temperature, top_k) or beam (beam size, alpha).
 
   Example:
-    >>> ids = decode_ids(lm, import_features(mesh, {"targets": prompts}))
+    >>> decode_options(config, "beam")
+    {'beam_size': 4, 'alpha': 0.6}
   """
+  strategy = strategy or config.decode_strategy
+  if strategy == "sample":
+    return {"temperature": float(config.decode_temperature),
+            "top_k": int(config.decode_top_k)}
+  if strategy == "beam":
+    return {"beam_size": int(config.decode_beam_size),
+            "alpha": float(config.decode_alpha)}
+  return {}
+
+
+def decode_ids(model, features, temperature=0.0, top_k=0, beam_size=1,
+               alpha=0.6):
+  """Decoding with key/value caches (meshtf.models.decoding), as meshtf
+  ops: a language model continues features["targets"] (its prompt: the
+  prefix up to the first 0); a Bitransformer decodes features["inputs"].
+  temperature 0.0 is greedy; top_k > 0 samples among the k most likely
+  tokens; beam_size > 1 is beam search with length penalty alpha. Returns
+  int32 [batch, length]: the prompt, the decoded tokens through EOS, then
+  zeros.
+
+  Example:
+    >>> ids = decode_ids(lm, import_features(mesh, {"targets": prompts}),
+    ...                  beam_size=4)
+  """
+  keep_top_k = int(top_k) if top_k else -1
   if isinstance(model, transformer.Bitransformer):
     inputs = features["inputs"]
-    return model.decode(inputs, max_decode_length=inputs.shape.dims[-1].size)
+    return model.decode(inputs, max_decode_length=inputs.shape.dims[-1].size,
+                        beam_size=beam_size, alpha=alpha,
+                        temperature=temperature,
+                        sampling_keep_top_k=keep_top_k)
+  targets = features["targets"]
+  if beam_size > 1:
+    batch_dim, length_dim = targets.shape.dims
+    beams = mtf.zeros(targets.mesh, mtf.Shape(
+        [batch_dim, mtf.Dimension("beam", beam_size), length_dim]),
+                      dtype=tf.int32)
+    return model.beam_search(beams, decode_length=length_dim.size,
+                             alpha=alpha, prompts=targets)
   return model.sample_autoregressive(
-      features["targets"], stop_at_token=data_lib.EOS, temperature=0.0)
+      targets, stop_at_token=data_lib.EOS, temperature=temperature,
+      sampling_keep_top_k=keep_top_k)
 
 
 def perplexity(loss):
@@ -398,5 +452,5 @@ __all__ = ["MoeMetrics", "moe_params",
            "loss_fn", "make_optimizer", "learning_rate_schedule",
            "build_training_graph", "check_layouts", "parameter_counts",
            "Data", "make_data", "make_mesh_impl", "per_example_loss",
-           "decode_method", "decode_ids",
+           "decode_method", "decode_options", "decode_ids",
            "perplexity"]

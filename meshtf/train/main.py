@@ -18,9 +18,9 @@ train   restores the latest checkpoint in --model_dir if there is one (the
         end, evaluates on held-out data and says whether the accuracy
         target was reached.
 eval    loss, accuracy and perplexity on held-out data.
-decode  greedy decoding of held-out inputs, with exact-match accuracy:
-        key/value caches in one mtf.while_loop (meshtf.models.decoding), or
-        re-running the model on the growing prefix (config.decode_method).
+decode  greedy, sampling or beam-search decoding of held-out inputs or of
+        a prompt file, with exact-match accuracy where answers are known
+        (meshtf/train/decode.py).
 export  a SavedModel (plain tf.Variables, full values) with signatures
         "score" (targets -> per-example loss) and "decode" (greedy), which
         TensorFlow loads without meshtf.
@@ -87,6 +87,12 @@ def define_flags():
   flags.DEFINE_integer("train_steps", None, "Overrides config.train_steps.")
   flags.DEFINE_integer("batch_size", None, "Overrides config.batch_size.")
   flags.DEFINE_integer("seed", None, "Overrides config.seed.")
+  flags.DEFINE_string("worker_hosts", None, "Multi-worker: every worker's "
+                      "host:port, comma-separated (the same on each worker);"
+                      " default TF_CONFIG if set. See meshtf/train/"
+                      "workers.py.")
+  flags.DEFINE_integer("task_index", None, "Multi-worker: this worker's "
+                       "index in --worker_hosts (0 is the chief).")
 
 
 def _fail_unknown_override(error):
@@ -182,7 +188,8 @@ def default_model_dir(config_path):
 class Session(object):
   """The mesh, model, data and variables of one run of the binary."""
 
-  def __init__(self, config, model_dir, mode, devices=None, log=print):
+  def __init__(self, config, model_dir, mode, devices=None, log=print,
+               workers=None):
     import meshtf as mtf
     from meshtf.lowering import variables as variables_lib
     from meshtf.train import checkpoint
@@ -198,19 +205,28 @@ class Session(object):
       devices = mtf.virtual_cpu_devices(config.num_virtual_cpus or mesh_size)
     self.devices = list(devices)[:mesh_size]
     self.impl = experiment.make_mesh_impl(config, self.devices)
+    self.workers = workers
+    # The chief writes; in a multi-worker run every worker reads only the
+    # batch rows its processors hold.
+    self.is_chief = workers is None or workers.is_chief
+    self.rows = None
+    if workers is not None and workers.num_workers > 1:
+      self.rows = mtf.host_rows(self.impl, mtf.Shape([
+          mtf.Dimension("batch", config.batch_size),
+          mtf.Dimension("length", config.length)]))
     self.store = variables_lib.VariableStore()
     self.manager = checkpoint.CheckpointManager(
         model_dir, max_to_keep=config.keep_checkpoints)
     self.sink = experiment.MoeMetrics()
     self.model = experiment.build_model(config, self.sink)
     self._eval_fn = None
-    self._argmax_fn = None
-    self._cached_fn = None
+    self._decoder = None
 
   # -- evaluation ----------------------------------------------------------
   def eval_fn(self):
     if self._eval_fn is None:
-      loss_fn = self.experiment.loss_fn(self.model, self.sink, mode="eval")
+      loss_fn = self.experiment.loss_fn(self.model, self.sink, mode="eval",
+                                        **self.row_args())
 
       def build(mesh, features):
         _, metrics = loss_fn(mesh, features)
@@ -227,7 +243,7 @@ class Session(object):
     fn = self.eval_fn()
     total_loss = total_acc = total_n = 0.0
     for i in range(self.config.eval_steps):
-      out = fn(data.eval_batch(i))
+      out = fn(data.eval_batch(i, rows=self.rows))
       n = float(out["num_tokens"])
       total_loss += float(out["token_loss"]) * n
       total_acc += float(out["accuracy"]) * n
@@ -237,162 +253,25 @@ class Session(object):
             "perplexity": self.experiment.perplexity(loss),
             "tokens": int(total_n)}
 
+  def row_args(self):
+    """loss_fn / import_features arguments for this worker's rows."""
+    if self.rows is None:
+      return {}
+    return {"rows": self.rows, "batch_size": self.config.batch_size}
+
   # -- decoding --------------------------------------------------------------
-  def argmax_fn(self):
-    """MeshFunction: features -> argmax token ids [batch, length]."""
-    if self._argmax_fn is None:
-      model, mtf = self.model, self.mtf
-
-      def build(mesh, features):
-        from meshtf.models import transformer
-        self.sink.clear()
-        feats = transformer.import_features(mesh, features)
-        logits, _, _ = transformer.compute_logits_loss_metrics(
-            model, feats, "eval")
-        self.sink.clear()
-        return mtf.argmax(logits, logits.shape.dims[-1])
-      self._argmax_fn = self.mtf.MeshFunction(build, self.impl,
-                                              variable_store=self.store,
-                                              seed=self.config.seed)
-    return self._argmax_fn
-
-  def cached_decode_fn(self):
-    """MeshFunction: prompts (or inputs) -> greedily decoded ids, with
-    key/value caches in one mtf.while_loop."""
-    if self._cached_fn is None:
-      model, experiment = self.model, self.experiment
-
-      def build(mesh, features):
-        from meshtf.models import transformer
-        self.sink.clear()
-        ids = experiment.decode_ids(
-            model, transformer.import_features(mesh, features))
-        self.sink.clear()
-        return ids
-      self._cached_fn = self.mtf.MeshFunction(build, self.impl,
-                                              variable_store=self.store,
-                                              seed=self.config.seed)
-    return self._cached_fn
-
-  def greedy_decode(self, batch, method=None):
-    """Greedy decoding of a batch's prompts (LM) or inputs (seq2seq):
-    returns the decoded targets [batch, length]. method "cached" uses
-    key/value caches; "recompute" re-runs the model on the growing
-    prefix."""
-    method = method or self.experiment.decode_method(self.config)
-    seq2seq = self.config.model_type == "bitransformer"
-    if method == "recompute":
-      fn = self.argmax_fn()
-      out = greedy_decode(lambda f: np.asarray(fn(f)), batch, seq2seq)
-    else:
-      if seq2seq:
-        features = {"inputs": batch["inputs"]}
-      else:
-        features = {"targets": prompts(batch)}
-      out = np.asarray(self.cached_decode_fn()(features))
-    self._check_restored()
-    return out
-
-  def _check_restored(self):
-    """Decoding must use only trained weights: a variable the checkpoint
-    lacks (e.g. a layer that made new variables in a second call) would
-    silently start from its initializer."""
-    latest = self.manager.latest()
-    if latest is None:
-      return
-    with open(os.path.join(latest, "meta.json")) as f:
-      saved = json.load(f)["variables"]
-    fresh = [n for n in self.store.names() if n not in saved]
-    if fresh:
-      raise RuntimeError(
-          "decoding created variables the checkpoint does not have (%s): a "
-          "layer did not reuse its weights when called again" % fresh[:3])
+  def decoder(self):
+    """The session's decode.Decoder (its MeshFunctions built once)."""
+    if self._decoder is None:
+      from meshtf.train import decode as decode_lib
+      self._decoder = decode_lib.Decoder(self)
+    return self._decoder
 
   # -- checkpoints -------------------------------------------------------------
   def restore(self):
     """Restores the latest checkpoint into the store (values are taken when
     the variables are created); returns its step or None."""
     return self.manager.restore(self.store)
-
-
-def decode_prompts(batch, seq2seq):
-  """(prompt lengths [batch], reference outputs: list of token lists ending
-  in EOS) of a batch of the synthetic task (or text data)."""
-  from meshtf.train import data as data_lib
-  targets = batch["targets"]
-  weights = batch.get("targets_weights", (targets != 0).astype(np.float32))
-  lengths, refs = [], []
-  for row in range(targets.shape[0]):
-    if seq2seq:
-      p = 0
-    else:
-      nz = np.nonzero(weights[row] > 0)[0]
-      p = int(nz[0]) if len(nz) else int(np.sum(targets[row] != 0))
-    ref = [int(t) for t in targets[row, p:]]
-    if data_lib.EOS in ref:
-      ref = ref[:ref.index(data_lib.EOS) + 1]
-    lengths.append(p)
-    refs.append(ref)
-  return np.array(lengths, np.int32), refs
-
-
-def prompts(batch):
-  """A language-model batch's targets with everything after each row's
-  prompt set to 0 (what decoding starts from)."""
-  targets = batch["targets"]
-  prompt_len, _ = decode_prompts(batch, seq2seq=False)
-  keep = np.arange(targets.shape[1])[None, :] < prompt_len[:, None]
-  return np.where(keep, targets, 0).astype(np.int32)
-
-
-def greedy_decode(predict, batch, seq2seq):
-  """Greedy decoding with predict(features) -> argmax ids [batch, length]
-  (numpy): position i gets the model's prediction given positions < i,
-  for every row whose prompt ends before i, until EOS. Returns targets
-  [batch, length] with the prompt and the decoded tokens.
-
-  Example:
-    >>> out = greedy_decode(lambda f: model_argmax(f), batch, seq2seq=False)
-  """
-  from meshtf.train import data as data_lib
-  targets = batch["targets"]
-  b, length = targets.shape
-  prompt_len, _ = decode_prompts(batch, seq2seq)
-  cur = np.where(np.arange(length)[None, :] < prompt_len[:, None], targets,
-                 0).astype(np.int32)
-  done = np.zeros([b], bool)
-  features = {"targets_segmentation": np.ones([b, length], np.int32),
-              "targets_position": np.tile(np.arange(length, dtype=np.int32),
-                                          [b, 1])}
-  if seq2seq:
-    features["inputs"] = batch["inputs"]
-    features["inputs_segmentation"] = (batch["inputs"] != 0).astype(np.int32)
-    features["inputs_position"] = (
-        features["inputs_segmentation"] * np.arange(length)).astype(np.int32)
-  for i in range(int(prompt_len.min()), length):
-    write = (i >= prompt_len) & ~done
-    if not write.any():
-      break
-    preds = predict(dict(features, targets=cur))
-    cur[write, i] = preds[write, i]
-    done |= write & (preds[:, i] == data_lib.EOS)
-  return cur
-
-
-def decode_accuracy(decoded, batch, seq2seq):
-  """(exact-match accuracy, token accuracy) of decoded targets against the
-  batch's reference outputs (through EOS)."""
-  from meshtf.train import data as data_lib
-  prompt_len, refs = decode_prompts(batch, seq2seq)
-  exact = tokens = total = 0
-  for row, ref in enumerate(refs):
-    out = [int(t) for t in decoded[row, prompt_len[row]:]]
-    if data_lib.EOS in out:
-      out = out[:out.index(data_lib.EOS) + 1]
-    exact += out == ref
-    tokens += sum(a == b for a, b in zip(out, ref))
-    total += len(ref)
-  return exact / float(len(refs)), tokens / float(max(total, 1))
 
 
 # --- checks before writing anything -------------------------------------------
@@ -443,18 +322,33 @@ def prepare(config, model_dir, mode):
 
 
 # --- modes --------------------------------------------------------------------
-def run(config, mode, model_dir, devices=None, out=None, progress=None):
+def run(config, mode, model_dir, devices=None, out=None, progress=None,
+        workers=None):
   """Runs one mode in-process; returns its results as a dict. Raises
-  ConfigError / UsageError / DataError on bad input (before writing)."""
+  ConfigError / UsageError / DataError on bad input (before writing).
+  workers (meshtf.train.workers.Workers): this process is one worker of a
+  multi-worker mesh; the cluster is joined here, before any TF work."""
   out = out or sys.stdout
-  log = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+  prefix = "" if workers is None or workers.is_chief else \
+      "[worker %d] " % workers.index
+  log = lambda *a: print(prefix + " ".join(  # noqa: E731
+      str(x) for x in a), file=out, flush=True)
   if mode not in config_lib.MODES:
     raise config_lib.ConfigError(["mode %r is unknown: use --mode=%s" % (
         mode, " | ".join(config_lib.MODES))])
   prepare(config, model_dir, mode)
+  from meshtf.train import workers as workers_lib
+  problems = workers_lib.problems(config, workers, mode)
+  if problems:
+    raise config_lib.ConfigError(problems)
   if mode == "export":
     return export(config, model_dir, log)
-  session = Session(config, model_dir, mode, devices, log)
+  from meshtf.train import decode as decode_lib
+  prompt_set = (decode_lib.read_prompts(config, model_dir)
+                if mode == "decode" else None)
+  if workers is not None and devices is None:
+    devices = workers_lib.start(config, workers)
+  session = Session(config, model_dir, mode, devices, log, workers)
   if mode == "train":
     return train(session, progress)
   step = session.restore()
@@ -467,7 +361,7 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None):
                                   result["perplexity"], result["tokens"]))
     result["step"] = step
     return result
-  return decode(session, data, step, log)
+  return decode_lib.decode(session, data, step, log, prompt_set)
 
 
 def train(session, progress=None):
@@ -478,19 +372,26 @@ def train(session, progress=None):
   config, log = session.config, session.log
   model_dir = session.model_dir
   data = experiment.make_data(config, model_dir)
-  os.makedirs(model_dir, exist_ok=True)
-  with open(os.path.join(model_dir, CONFIG_FILE), "w") as f:
-    f.write(config.to_json(indent=1, sort_keys=True))
+  chief = session.is_chief
+  if chief:  # other workers of a multi-worker run write nothing
+    os.makedirs(model_dir, exist_ok=True)
+    with open(os.path.join(model_dir, CONFIG_FILE), "w") as f:
+      f.write(config.to_json(indent=1, sort_keys=True))
   start_step = session.restore() or 0
-  _truncate_metrics(model_dir, start_step)
+  if chief:
+    _truncate_metrics(model_dir, start_step)
   step_fn = training.TrainStep(
-      experiment.loss_fn(session.model, session.sink),
+      experiment.loss_fn(session.model, session.sink, **session.row_args()),
       session.impl, experiment.make_optimizer(config),
       variable_store=session.store, seed=config.seed,
       clip_gradient_norm=config.clip_gradient_norm or None)
   lr_fn = experiment.learning_rate_schedule(config)
-  writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
-  eval_writer = tf.summary.create_file_writer(os.path.join(model_dir, "eval"))
+  if chief:
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
+    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir,
+                                                             "eval"))
+  else:
+    writer = eval_writer = tf.summary.create_noop_writer()
   tokens_per_step = config.batch_size * config.length * (
       2 if config.model_type == "bitransformer" else 1)
   metrics_path = os.path.join(model_dir, METRICS_FILE)
@@ -515,10 +416,11 @@ def train(session, progress=None):
   bar = None
   t_start = time.time()
   t_window, window_steps = time.time(), 0
-  with open(metrics_path, "a") as metrics_file:
+  with (open(metrics_path, "a") if chief else open(os.devnull, "w")
+        ) as metrics_file:
     while step < end:
       t0 = time.time()
-      outputs = step_fn(data.train_batch(step))
+      outputs = step_fn(data.train_batch(step, rows=session.rows))
       record = {k: float(np.asarray(v)) for k, v in outputs.items()}
       if int(record["step"]) != step:
         raise RuntimeError("global step %d != loop step %d" % (
@@ -655,6 +557,18 @@ def _truncate_metrics(model_dir, start_step):
   os.replace(tmp, path)
 
 
+def _ranges(rows):
+  """[0, 1, 2, 5, 6] -> '0..2, 5..6'."""
+  out, start = [], None
+  for i, r in enumerate(rows):
+    if start is None:
+      start = r
+    if i + 1 == len(rows) or rows[i + 1] != r + 1:
+      out.append("%d..%d" % (start, r) if r != start else str(r))
+      start = None
+  return ", ".join(out)
+
+
 def _print_summary(session, step_fn, start_step, first_step_s):
   from meshtf.train import experiment
   config, log = session.config, session.log
@@ -689,6 +603,12 @@ def _print_summary(session, step_fn, start_step, first_step_s):
       "collectives per step:",
   ]
   lines += ["  " + l for l in lowering.collective_summary().splitlines()]
+  if session.rows is not None:
+    w = session.workers
+    lines.append("workers: %d (this is task %d%s); it reads batch rows %s of "
+                 "%d" % (w.num_workers, w.index,
+                         ", the chief" if w.is_chief else "",
+                         _ranges(session.rows), config.batch_size))
   lines += [
       "model_dir: %s (%s)" % (session.model_dir, "resumed from step %d" %
                               start_step if start_step else "new"),
@@ -697,51 +617,6 @@ def _print_summary(session, step_fn, start_step, first_step_s):
   ]
   for l in lines:
     log(l)
-
-
-def decode(session, data, step, log):
-  """Greedy decoding of config.decode_batches held-out batches."""
-  config = session.config
-  seq2seq = config.model_type == "bitransformer"
-  exact = token = 0.0
-  examples = []
-  t0 = time.time()
-  for i in range(config.decode_batches):
-    batch = data.eval_batch(i)
-    decoded = session.greedy_decode(batch)
-    e, t = decode_accuracy(decoded, batch, seq2seq)
-    exact += e
-    token += t
-    if i == 0:
-      examples = _examples(batch, decoded, seq2seq)
-      first = (batch, decoded)
-  n = float(config.decode_batches)
-  result = {"exact_match": exact / n, "token_accuracy": token / n,
-            "step": step, "examples": examples,
-            "seconds": time.time() - t0,
-            "first_batch": first[0], "first_decoded": first[1]}
-  for ex in examples[:3]:
-    log("  input %s -> decoded %s (reference %s)" % (
-        ex["input"], ex["decoded"], ex["reference"]))
-  log("decode at step %d: exact match %.4f, token accuracy %.4f over %d "
-      "held-out examples (greedy, %s, %.1f s)" % (
-          step, result["exact_match"], result["token_accuracy"],
-          config.decode_batches * config.batch_size,
-          session.experiment.decode_method(config), result["seconds"]))
-  return result
-
-
-def _examples(batch, decoded, seq2seq):
-  prompt_len, refs = decode_prompts(batch, seq2seq)
-  out = []
-  for row in range(min(3, len(refs))):
-    source = batch["inputs"][row] if seq2seq else \
-        batch["targets"][row, :prompt_len[row]]
-    got = [int(t) for t in decoded[row, prompt_len[row]:]]
-    out.append({"input": [int(t) for t in source if t],
-                "decoded": got[:got.index(1) + 1] if 1 in got else got,
-                "reference": refs[row]})
-  return out
 
 
 def export(config, model_dir, log):
@@ -761,7 +636,9 @@ def main(argv):
   import logging
   import tensorflow as tf
   from meshtf.layouts import LayoutError
+  from meshtf.train import decode as decode_lib
   from meshtf.train import text_data
+  from meshtf.train import workers as workers_lib
   # TensorFlow's INFO lines (SavedModel writing, retracing notes) would
   # drown the summary and progress lines.
   tf.get_logger().setLevel(logging.ERROR)
@@ -770,9 +647,10 @@ def main(argv):
   model_dir = FLAGS.model_dir or default_model_dir(
       config_flags.get_config_filename(FLAGS["config"]))
   try:
-    run(config, FLAGS.mode, model_dir)
+    workers = workers_lib.from_flags(FLAGS.worker_hosts, FLAGS.task_index)
+    run(config, FLAGS.mode, model_dir, workers=workers)
   except (config_lib.ConfigError, UsageError, text_data.DataError,
-          LayoutError) as e:
+          decode_lib.PromptError, LayoutError) as e:
     for line in str(e).splitlines() or [type(e).__name__]:
       sys.stderr.write("meshtf.train: error: %s\n" % line)
     sys.stderr.flush()
@@ -784,8 +662,7 @@ def entry_point():
   app.run(main, flags_parser=parse_flags)
 
 
-__all__ = ["run", "Session", "greedy_decode", "decode_accuracy",
-           "decode_prompts", "prompts", "check_checkpoint", "UsageError",
+__all__ = ["run", "Session", "check_checkpoint", "UsageError",
            "define_flags", "entry_point"]
 
 

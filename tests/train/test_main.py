@@ -17,9 +17,8 @@ on 4 devices with a data + model + expert parallel layout:
 - RESHARD: a checkpoint saved under data:2;model:2 continues training
   under another mesh and layout (all:4, data + expert parallel only) with
   the uninterrupted run's losses (within float summation order);
-- the two greedy decoders (key/value caches in one mtf.while_loop, and
-  re-running the model on the growing prefix) agree token for token on a
-  language model and an encoder-decoder;
+- MULTI-WORKER: two binary processes form the mesh, each reading only its
+  rows of every batch; losses and checkpoint equal the one-process run's;
 - bad input (unknown key, malformed mesh shape / layout, device count,
   uneven split, missing data file, eval without a checkpoint), each
   through the real binary: one line on stderr, exit code 2, no traceback,
@@ -38,6 +37,7 @@ import time
 import numpy as np
 import pytest
 
+from meshtf.train import decode as decode_lib
 from meshtf.train import experiment
 from meshtf.train import main
 
@@ -174,7 +174,7 @@ def test_eval_decode_and_export_served_without_meshtf(reference, tiny_path,
   dec = main.run(config, "decode", model_dir, out=_Lines(log))
   assert 0.0 <= dec["exact_match"] <= dec["token_accuracy"] <= 1.0
   batch, decoded = dec["first_batch"], dec["first_decoded"]
-  prompt_len, _ = main.decode_prompts(batch, seq2seq=False)
+  prompt_len, _ = decode_lib.decode_prompts(batch, seq2seq=False)
   for row in range(len(decoded)):  # the prompt is kept, the rest decoded
     p = prompt_len[row]
     assert (decoded[row, :p] == batch["targets"][row, :p]).all()
@@ -270,6 +270,51 @@ def test_checkpoint_continues_under_another_mesh_and_layout(reference,
     assert g["loss"] == pytest.approx(w["loss"], rel=1e-4), g["step"]
 
 
+def test_two_worker_processes_train_like_one(reference, tiny_path, tmp_path):
+  """Two real binary processes (2 virtual CPUs each) form the 4-device
+  mesh: each reads only its half of every batch, the MoE alltoall and the
+  gradient sums cross processes, the chief alone writes, and losses and
+  the checkpoint equal the one-process run's."""
+  import socket
+  socks = [socket.socket() for _ in range(2)]
+  for s in socks:
+    s.bind(("127.0.0.1", 0))
+  hosts = ",".join("127.0.0.1:%d" % s.getsockname()[1] for s in socks)
+  for s in socks:
+    s.close()
+  model_dir = tmp_path / "two_workers"
+  procs = [subprocess.Popen(
+      _binary(tiny_path, model_dir, "--train_steps=4",
+              "--worker_hosts=" + hosts, "--task_index=%d" % t),
+      cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+      text=True) for t in range(2)]
+  outs = []
+  try:
+    for p in procs:
+      out, err = p.communicate(timeout=300)
+      assert p.returncode == 0, err[-3000:]
+      outs.append(out)
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+  assert "it reads batch rows 0..3 of 8" in outs[0], outs[0]
+  assert "[worker 1] workers: 2 (this is task 1); it reads batch rows 4..7 " \
+      "of 8" in outs[1], outs[1]
+  records = _metrics(str(model_dir))   # one writer: 4 lines, not 8
+  assert [r["step"] for r in records] == list(range(4))
+  for got, ref in zip(records, reference[1]["history"]):
+    assert got["loss"] == pytest.approx(ref["loss"], rel=1e-6), got["step"]
+  from meshtf.train import checkpoint
+  _, got, _ = checkpoint.CheckpointManager(str(model_dir)).read()
+  _, want, _ = checkpoint.CheckpointManager(reference[0]).read(
+      os.path.join(reference[0], "ckpt-4"))
+  assert sorted(got) == sorted(want)
+  for name in want:
+    np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+
+
 # --- bad input ----------------------------------------------------------------
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tiny_path,
                                                          tmp_path):
@@ -286,6 +331,11 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tiny_path,
        "axis 'model' (size 2) does not divide evenly"),
       (["--config.task.data_files=" + missing], missing + " does not exist"),
       (["--mode=eval"], "no checkpoint in"),
+      (["--worker_hosts=127.0.0.1:7001,127.0.0.1:7002"], "--worker_hosts "
+       "names 2 workers but --task_index is missing"),
+      (["--worker_hosts=127.0.0.1:7001,127.0.0.1:7002", "--task_index=0",
+        "--backend=placement"], "backend='placement' cannot span 2 worker "
+       "processes: use --backend=simd"),
   ]
   procs = []
   for i, (args, _) in enumerate(cases):
@@ -304,49 +354,3 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tiny_path,
     assert not model_dir.exists(), args
 
 
-@pytest.mark.parametrize("model_type", ["lm", "bitransformer"])
-def test_cached_decoding_equals_recomputing_the_prefix(model_type, tmp_path):
-  """The binary's two greedy decoders agree token for token on a dense
-  model (fresh weights, no checkpoint): key/value caches in one
-  mtf.while_loop, and re-running the model on the growing prefix."""
-  from meshtf.train import config as config_lib
-  c = config_lib.default_config()
-  c.model_type = model_type
-  c.moe.num_experts = 0
-  c.num_layers = 1
-  c.length = 8
-  c.batch_size = 4
-  c.mesh_shape = "data:2;model:2"
-  c.layout = "batch:data;heads:model;d_ff:model;vocab:model"
-  config_lib.validate(c)
-  session = main.Session(c, str(tmp_path / "none"), "decode")
-  batch = experiment.make_data(c, str(tmp_path)).eval_batch(0)
-  cached = session.greedy_decode(batch, "cached")
-  recomputed = session.greedy_decode(batch, "recompute")
-  assert cached.tolist() == recomputed.tolist()
-  start = 0 if model_type == "bitransformer" else (main.prompts(batch) != 0)
-  assert (cached != 0).sum() > np.sum(start)   # tokens were generated
-
-
-def test_greedy_decode_matches_a_plain_loop():
-  """greedy_decode fills positions after the prompt one at a time from
-  the predictor and stops a row at EOS."""
-  batch = {"targets": np.array([[5, 6, 2, 6, 5, 1, 0, 0],
-                                [7, 2, 7, 1, 0, 0, 0, 0]], np.int32)}
-  batch["targets_weights"] = np.array([[0, 0, 0, 1, 1, 1, 0, 0],
-                                       [0, 0, 1, 1, 0, 0, 0, 0]], np.float32)
-  calls = []
-
-  def predict(features):  # "repeat the previous token"; row 1 then EOS
-    t = features["targets"]
-    calls.append(t.copy())
-    out = np.zeros_like(t)
-    out[:, 1:] = t[:, :-1]
-    out[1, 3] = 1
-    return out
-  out = main.greedy_decode(predict, batch, seq2seq=False)
-  assert out.tolist() == [[5, 6, 2, 2, 2, 2, 2, 2], [7, 2, 2, 1, 0, 0, 0, 0]]
-  assert len(calls) == 6       # positions 2..7, one model call each
-  exact, token = main.decode_accuracy(out, batch, seq2seq=False)
-  assert (exact, token) == (0.0, 0.2)   # refs [6, 5, 1] and [7, 1]
-  assert experiment.perplexity(0.0) == 1.0
