@@ -259,6 +259,7 @@ class Decoder(object):
   def __init__(self, session):
     self.session = session
     self._fns = {}
+    self._saved = None   # (checkpoint path, its variable names)
 
   def _mesh_function(self, key, build_ids):
     if key not in self._fns:
@@ -311,13 +312,13 @@ class Decoder(object):
     lacks (e.g. a layer that made new variables in a second call) would
     silently start from its initializer."""
     import json
-    manager = self.session.manager
-    latest = manager.latest()
+    latest = self.session.manager.latest()
     if latest is None:
       return
-    with open(os.path.join(latest, "meta.json")) as f:
-      saved = json.load(f)["variables"]
-    fresh = [n for n in self.session.store.names() if n not in saved]
+    if self._saved is None or self._saved[0] != latest:  # read once per path
+      with open(os.path.join(latest, "meta.json")) as f:
+        self._saved = (latest, set(json.load(f)["variables"]))
+    fresh = [n for n in self.session.store.names() if n not in self._saved[1]]
     if fresh:
       raise RuntimeError(
           "decoding created variables the checkpoint does not have (%s): a "

@@ -2,26 +2,16 @@
 mesh; training matches the single-process run."""
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 
 import harness
+from conftest import free_ports
 from meshtf.examples import two_layer
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "multi_worker_main.py")
-
-
-def free_ports(n):
-  socks = [socket.socket() for _ in range(n)]
-  for s in socks:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in socks]
-  for s in socks:
-    s.close()
-  return ports
 
 
 def test_two_workers_form_one_mesh():

@@ -275,13 +275,8 @@ def test_two_worker_processes_train_like_one(reference, tiny_path, tmp_path):
   mesh: each reads only its half of every batch, the MoE alltoall and the
   gradient sums cross processes, the chief alone writes, and losses and
   the checkpoint equal the one-process run's."""
-  import socket
-  socks = [socket.socket() for _ in range(2)]
-  for s in socks:
-    s.bind(("127.0.0.1", 0))
-  hosts = ",".join("127.0.0.1:%d" % s.getsockname()[1] for s in socks)
-  for s in socks:
-    s.close()
+  from conftest import free_ports
+  hosts = ",".join("127.0.0.1:%d" % p for p in free_ports(2))
   model_dir = tmp_path / "two_workers"
   procs = [subprocess.Popen(
       _binary(tiny_path, model_dir, "--train_steps=4",
