@@ -23,6 +23,7 @@ from meshtf.graph import Operation
 from meshtf.graph import Tensor
 from meshtf.layouts import LayoutError
 from meshtf.layouts import LayoutRules
+from meshtf.layouts import MeshLayout
 from meshtf.layouts import TensorLayout
 from meshtf.layouts import convert_to_layout_rules
 from meshtf.lowering import Lowering

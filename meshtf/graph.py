@@ -176,6 +176,21 @@ class Operation(object):
     self._name = mesh.graph.unique_name(base)
     mesh.graph.operations.append(self)
 
+  # Declared hooks: the Lowering and the backends read these (no probing).
+  # A Variable makes per-processor slices (create_slices(lowering),
+  # entry_without_slices(mesh_impl)); an import op makes each processor's
+  # slice on the host (host_slice(mesh_impl, pnum)); an op that lowers a
+  # sub-graph itself lists it in inner_operations.
+  creates_variable_slices = False
+  imports_host_slices = False
+  inner_operations = ()
+
+  def validate_layout(self, mesh_layout):
+    """Raises LayoutError if mesh_layout (a MeshLayout, or a MeshImpl) can
+    place every tensor of the graph but not this op (its own constraints,
+    e.g. an einsum's dims on distinct axes). Called before any TF work."""
+    del mesh_layout
+
   inputs = property(lambda self: list(self._inputs))
   outputs = property(lambda self: list(self._outputs))
   mesh = property(lambda self: self._mesh)

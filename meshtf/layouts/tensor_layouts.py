@@ -70,7 +70,9 @@ def tensor_layout(tensor_shape, mesh_shape, layout_rules, tensor_name=None):
   """Computes and validates the layout of one tensor.
 
   Raises LayoutError naming the tensor, dimensions, mesh axis and sizes when two
-  dimensions share a mesh axis or a dimension does not divide evenly.
+  dimensions share a mesh axis. A dimension the mesh axis does not divide is
+  split unevenly: every slice has ceil(size / axis size) positions, the last
+  ones padded (see meshtf/layouts/mesh_layout.py).
   """
   t2m = []
   owner = {}
@@ -89,25 +91,18 @@ def tensor_layout(tensor_shape, mesh_shape, layout_rules, tensor_name=None):
                errors.describe_shape(tensor_shape), other.name, other.size,
                dim.name, dim.size, mesh_dim.name, mesh_dim.size,
                errors.describe_mesh(mesh_shape), other.name, dim.name))
-      if mesh_dim.size and dim.size % mesh_dim.size != 0:
-        raise errors.LayoutError(
-            "%s with shape %s: dimension %r has size %d, which mesh axis %r "
-            "(size %d) does not divide evenly. Make %r a multiple of %d, or "
-            "split it over another mesh axis, or drop the rule '%s:%s'."
-            % (errors.tensor_label(tensor_name).capitalize(),
-               errors.describe_shape(tensor_shape), dim.name, dim.size,
-               mesh_dim.name, mesh_dim.size, dim.name, mesh_dim.size,
-               dim.name, mesh_dim.name))
       owner[axis] = dim
     t2m.append(axis)
   return TensorLayout(t2m)
 
 
 def slice_shape(tensor_shape, mesh_shape, layout):
-  """Per-processor slice sizes (integers) of a tensor under `layout`."""
+  """Per-processor slice sizes (integers) of a tensor under `layout`: the
+  padded sizes ceil(size / axis size) where a dim splits unevenly."""
   out = []
   for dim, axis in zip(tensor_shape.dims, layout):
-    out.append(dim.size if axis is None else dim.size // mesh_shape.dims[axis].size)
+    out.append(dim.size if axis is None
+               else -(-dim.size // mesh_shape.dims[axis].size))
   return out
 
 

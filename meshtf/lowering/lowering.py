@@ -63,9 +63,8 @@ def all_operations(operations):
   count as consumers (so pending sums they share are reduced once)."""
   for op in operations:
     yield op
-    inner = getattr(op, "inner_operations", None)
-    if inner:
-      yield from all_operations(inner)
+    if op.inner_operations:
+      yield from all_operations(op.inner_operations)
 
 
 class _TensorMap(dict):
@@ -129,8 +128,7 @@ class Lowering(object):
 
   def _program_impl(self):
     """The SPMD impl, if any: its graph becomes one per-device program."""
-    program = [i for i in self.mesh_to_impl.values()
-               if hasattr(i, "lower_graph")]
+    program = [i for i in self.mesh_to_impl.values() if i.is_spmd]
     if not program:
       return None
     if len(self.mesh_to_impl) != 1:
@@ -141,14 +139,13 @@ class Lowering(object):
 
   def validate_layouts(self):
     """Computes every tensor's layout; raises LayoutError on the first bad
-    one, before any TensorFlow op is created."""
+    one, before any TensorFlow op is created (MeshLayout.validate_operations,
+    which the training binary's preflight runs too)."""
+    by_mesh = collections.OrderedDict()
     for op in all_operations(self.graph.operations):
-      impl = self.mesh_impl(op)
-      for t in op.outputs:
-        impl.tensor_layout(t)
-      check = getattr(op, "validate_layout", None)
-      if check is not None:
-        check(impl)
+      by_mesh.setdefault(op.mesh, []).append(op)
+    for mesh, ops in by_mesh.items():
+      self.mesh_impl(mesh).mesh_layout.validate_operations(ops)
 
   def mesh_impl(self, m):
     """The MeshImpl of a Mesh, Tensor or Operation."""
@@ -200,7 +197,9 @@ class Lowering(object):
     """Every collective this lowering emitted, grouped.
 
     Returns a list of dicts with keys kind, mesh_axes, group_size,
-    elements_per_device, count, ordered by first emission.
+    elements_per_device (of the slice each device puts in),
+    bytes_per_device (what each device sends: relayout.collective_bytes)
+    and count, ordered by first emission.
     """
     counts = collections.OrderedDict()
     for rec in self._collectives:
@@ -209,13 +208,46 @@ class Lowering(object):
 
   def collective_summary(self):
     """A short human-readable table of collective_stats()."""
-    lines = ["%-16s %-14s %6s %12s %6s" % ("collective", "mesh axes", "group",
-                                          "elems/dev", "count")]
-    total = 0
+    lines = ["%-16s %-14s %6s %12s %12s %6s" % (
+        "collective", "mesh axes", "group", "elems/dev", "bytes sent/dev",
+        "count")]
+    total = sent = 0
     for s in self.collective_stats():
-      lines.append("%-16s %-14s %6d %12d %6d" % (
+      lines.append("%-16s %-14s %6d %12d %12d %6d" % (
           s["kind"], ",".join(s["mesh_axes"]), s["group_size"],
-          s["elements_per_device"], s["count"]))
+          s["elements_per_device"], s["bytes_per_device"], s["count"]))
       total += s["elements_per_device"] * s["count"]
-    lines.append("total elements per device: %d" % total)
+      sent += s["bytes_per_device"] * s["count"]
+    lines.append("total elements per device: %d, bytes sent per device: %d"
+                 % (total, sent))
+    padding = self.padding_stats()
+    if padding["tensors"]:
+      lines.append(
+          "uneven splits: %d tensors padded (%s); their slices hold %.1f%% "
+          "padding" % (padding["tensors"], ", ".join(padding["dims"]),
+                       100.0 * padding["padding_fraction"]))
     return "\n".join(lines)
+
+  def padding_stats(self):
+    """What the uneven splits of this graph's tensors cost: a dict with
+    "tensors" (how many are padded), "dims" (each padded dim, e.g.
+    "vocab:250/4 -> 63") and "padding_fraction" (of those tensors' global
+    padded elements, the share that is padding)."""
+    tensors, dims, real, padded = 0, [], 0, 0
+    for op in all_operations(self.graph.operations):
+      layout = self.mesh_impl(op).mesh_layout
+      for t in op.outputs:
+        uneven = layout.uneven_dims(t.shape)
+        if not uneven:
+          continue
+        tensors += 1
+        report = layout.padding_report(t.shape)
+        real += report["elements"]
+        padded += report["padded_elements"]
+        for u in uneven:
+          text = "%s:%d/%d -> %d" % (u.name, u.size, u.num_shards,
+                                     u.shard_size)
+          if text not in dims:
+            dims.append(text)
+    return {"tensors": tensors, "dims": dims,
+            "padding_fraction": 1.0 - real / padded if padded else 0.0}

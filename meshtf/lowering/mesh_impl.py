@@ -1,135 +1,409 @@
-"""The MeshImpl interface every backend implements, and the layout logic
-that all backends share (coordinates, groups, slice shapes, reshape plans).
+"""MeshImpl: the one template every backend fills in.
+
+The geometry (layouts, slices, groups, relayout plans) is the pure
+MeshLayout (meshtf/layouts/mesh_layout.py); a MeshImpl holds one and adds
+the TensorFlow code. This base class implements every collective once --
+it checks and normalises the arguments, records the collective (kind, mesh
+axes, group size, elements and bytes per device), pads uneven dims before a
+split and strips the padding after a gather -- and calls the backend's hook
+for the communication itself:
+
+  _allreduce(x, mesh_axes, "SUM"|"MAX"|"MIN")   x: a LaidOutTensor
+  _allconcat(x, mesh_axis, concat_axis)          allgather along one axis
+  _alltoall(x, mesh_axis, split_axis, concat_axis)
+  _receive(x, mesh_axis, source_pcoord)          collective permute
+
+plus slicewise(fn, *xs), laid_out_pcoord(axis) / laid_out_pnum() and the
+variable and import/export methods. Backends declare what they are
+(`is_spmd`: one per-device program, or one TF tensor per device).
 
 Ops lower themselves only through this interface, so one op definition works
-on every backend. A backend supplies a LaidOutTensor type and:
-
-  slicewise(fn, *args)                      local computation per slice
-  allreduce(x, mesh_axes, "SUM"|"MAX"|"MIN")
-  allconcat(x, mesh_axis, concat_axis)      allgather along one mesh axis
-  allsplit(x, mesh_axis, split_axis)        keep own stripe (no communication)
-  alltoall(x, mesh_axis, split_axis, concat_axis)
-  receive(x, mesh_axis, source_pcoord)      collective permute along an axis
-  laid_out_pnum(), laid_out_pcoord(axis)    processor number / coordinate
-  import_tf_tensor(x, shape), export_to_tf_tensor(x, shape)
-  make_variable_slices(...), read/assign variable slices
+on every backend.
 """
 import collections
+import contextlib
+import threading
 
 import numpy as np
 import tensorflow as tf
 
 from meshtf import shapes
-from meshtf.layouts import layout_rules as layout_rules_lib
-from meshtf.layouts import tensor_layouts as tensor_layout_lib
+from meshtf.layouts import mesh_layout as mesh_layout_lib
+from meshtf.layouts import relayout as relayout_lib
+from meshtf.layouts import tensor_layouts
+
+# What the padding of uneven splits holds when meshtf makes it (imports,
+# splits, alltoalls): zeros, or poison under poison_padding().
+_PADDING = threading.local()
+
+
+@contextlib.contextmanager
+def poison_padding(enabled=True):
+  """Within the block, padding that meshtf creates holds poison -- NaN for
+  floats, a huge negative number for signed ints, True for bools -- instead
+  of zeros, so that any op reading padding it should ignore corrupts its
+  result. The layout-equivalence harness runs every test under it.
+
+  Example:
+    >>> with poison_padding():
+    ...   lowering = mtf.Lowering(graph, {mesh: impl})
+  """
+  saved = getattr(_PADDING, "poison", False)
+  _PADDING.poison = enabled
+  try:
+    yield
+  finally:
+    _PADDING.poison = saved
+
+
+def padding_fill(dtype):
+  """The value new padding of `dtype` holds (see poison_padding)."""
+  dtype = tf.as_dtype(dtype)
+  if not getattr(_PADDING, "poison", False):
+    return np.zeros([], dtype.as_numpy_dtype)
+  if dtype.is_floating or dtype.is_complex:
+    return np.asarray(np.nan, dtype.as_numpy_dtype)
+  if dtype == tf.bool:
+    return np.asarray(True)
+  if dtype.is_unsigned:
+    return np.asarray(dtype.max, dtype.as_numpy_dtype)
+  return np.asarray(dtype.min // 2, dtype.as_numpy_dtype)
+
 
 CollectiveRecord = collections.namedtuple(
     "CollectiveRecord",
-    ["kind", "mesh_axes", "group_size", "elements_per_device"])
+    ["kind", "mesh_axes", "group_size", "elements_per_device",
+     "bytes_per_device"])
+
+
+class LaidOutTensor(object):
+  """A tensor's slices: one tf.Tensor per processor (placement), or the one
+  local slice of the processor running the program (SPMD)."""
+
+  def __init__(self, tensor_list):
+    self.tensor_list = list(tensor_list)
+
+  @property
+  def all_slices(self):
+    return self.tensor_list
+
+  @property
+  def one_slice(self):
+    if len(self.tensor_list) != 1:
+      raise ValueError("one_slice: this LaidOutTensor holds %d slices"
+                       % len(self.tensor_list))
+    return self.tensor_list[0]
+
+  def to_laid_out_tensor(self):
+    return self
+
+  def __repr__(self):
+    return "LaidOutTensor(%d slices, %s)" % (
+        len(self.tensor_list), self.tensor_list[0].shape)
 
 
 class MeshImpl(object):
-  """Backend-independent part of a mesh implementation."""
+  """Backend-independent part of a mesh implementation.
 
-  def __init__(self, shape, layout):
-    self._shape = shapes.convert_to_shape(shape)
-    self._layout_rules = layout_rules_lib.convert_to_layout_rules(layout)
-    layout_rules_lib.validate_layout_rules(self._layout_rules, self._shape)
+  Args:
+    shape: a mesh shape ("rows:2;cols:4"), or a MeshLayout (then layout is
+      None).
+    layout: layout rules ("batch:rows;hidden:cols").
+    devices: one device name (or device) per processor, in processor
+      (row-major coordinate) order; None for a geometry-only impl.
+  """
+
+  LaidOutTensor = LaidOutTensor
+  # One per-device program (SimdMeshImpl, TpuMeshImpl) or one TF tensor per
+  # processor (PlacementMeshImpl).
+  is_spmd = False
+
+  def __init__(self, shape, layout=None, devices=None):
+    self._layout = mesh_layout_lib.MeshLayout.convert(shape, layout)
     self._recorder = None
+    self._devices = None
+    if devices is not None:
+      devices = [d if isinstance(d, str) else d.name for d in devices]
+      tensor_layouts.validate_device_count(self.shape, len(devices))
+      self._devices = devices
 
-  shape = property(lambda self: self._shape)
-  layout_rules = property(lambda self: self._layout_rules)
-  ndims = property(lambda self: self._shape.ndims)
-  size = property(lambda self: self._shape.size)
+  mesh_layout = property(lambda self: self._layout)
+  shape = property(lambda self: self._layout.mesh_shape)
+  layout_rules = property(lambda self: self._layout.layout_rules)
+  ndims = property(lambda self: self._layout.ndims)
+  size = property(lambda self: self._layout.size)
+  devices = property(lambda self: list(self._devices or []))
 
   def __repr__(self):
-    return "%s(%s, %r)" % (type(self).__name__, self._shape,
-                           self._layout_rules)
+    return "%s(%s, %r)" % (type(self).__name__, self.shape, self.layout_rules)
 
-  # --- layouts -------------------------------------------------------------
+  # --- geometry: the MeshLayout's ------------------------------------------
   def tensor_layout(self, arg, tensor_name=None):
     """TensorLayout of a Tensor or Shape (validated; raises LayoutError)."""
-    shape = arg if isinstance(arg, shapes.Shape) else getattr(arg, "shape", None)
-    if shape is None:
-      shape = shapes.convert_to_shape(arg)
-    if tensor_name is None and not isinstance(arg, shapes.Shape):
-      tensor_name = getattr(arg, "name", None)
-    return tensor_layout_lib.tensor_layout(shape, self._shape,
-                                           self._layout_rules, tensor_name)
+    return self._layout.tensor_layout(arg, tensor_name)
 
   def tensor_dimension_to_mesh_axis(self, dim):
-    return self._layout_rules.tensor_dimension_to_mesh_axis(dim, self._shape)
+    return self._layout.tensor_dimension_to_mesh_axis(dim)
+
+  def split_axis(self, dim):
+    return self._layout.split_axis(dim)
 
   def slice_shape(self, tensor_shape):
-    layout = self.tensor_layout(tensor_shape)
-    return tensor_layout_lib.slice_shape(tensor_shape, self._shape, layout)
+    return self._layout.slice_shape(tensor_shape)
 
   def slice_size(self, tensor_shape):
-    n = 1
-    for s in self.slice_shape(tensor_shape):
-      n *= s
-    return n
-
-  def mesh_axis_names(self, mesh_axes):
-    return tuple(self._shape.dims[a].name for a in mesh_axes)
-
-  def reduced_mesh_axes(self, input_shape, output_shape):
-    """Mesh axes of dims present in input_shape but not output_shape."""
-    out_names = set(output_shape.dimension_names)
-    axes = []
-    for d in input_shape.dims:
-      if d.name not in out_names:
-        a = self.tensor_dimension_to_mesh_axis(d)
-        if a is not None and self._shape.dims[a].size > 1:
-          axes.append(a)
-    return sorted(set(axes))
-
-  # --- processors ----------------------------------------------------------
-  def pnum_to_processor_coordinates(self, pnum):
-    coords = []
-    for d in reversed(self._shape.dims):
-      coords.append(pnum % d.size)
-      pnum //= d.size
-    return list(reversed(coords))
-
-  def processor_coordinates_to_pnum(self, coords):
-    pnum = 0
-    for c, d in zip(coords, self._shape.dims):
-      pnum = pnum * d.size + c
-    return pnum
-
-  def processor_groups(self, mesh_axes):
-    """Groups of pnums that differ only along `mesh_axes`, each ordered by
-    their coordinates along those axes (row-major); groups are ordered by
-    the coordinates along the other axes (row-major)."""
-    return self.processor_group_array(mesh_axes).tolist()
-
-  def processor_group_array(self, mesh_axes):
-    """processor_groups as an int array [num_groups, group_size]."""
-    mesh_axes = sorted(mesh_axes)
-    others = [a for a in range(self.ndims) if a not in mesh_axes]
-    pnums = np.arange(self.size).reshape(self._shape.to_integer_list or [1])
-    pnums = np.transpose(pnums, others + mesh_axes) if self.ndims else pnums
-    group_size = int(np.prod([self._shape.dims[a].size for a in mesh_axes]))
-    return pnums.reshape([-1, group_size])
+    return self._layout.slice_size(tensor_shape)
 
   def slice_begin(self, tensor_shape, pnum):
-    """Global index where processor pnum's slice starts, per tensor dim."""
-    layout = self.tensor_layout(tensor_shape)
-    coords = self.pnum_to_processor_coordinates(pnum)
-    sizes = tensor_layout_lib.slice_shape(tensor_shape, self._shape, layout)
-    return [0 if a is None else coords[a] * s for a, s in zip(layout, sizes)]
+    return self._layout.slice_begin(tensor_shape, pnum)
+
+  def mesh_axis_names(self, mesh_axes):
+    return self._layout.mesh_axis_names(mesh_axes)
+
+  def reduced_mesh_axes(self, input_shape, output_shape):
+    return self._layout.reduced_mesh_axes(input_shape, output_shape)
+
+  def pnum_to_processor_coordinates(self, pnum):
+    return self._layout.pnum_to_processor_coordinates(pnum)
+
+  def processor_coordinates_to_pnum(self, coords):
+    return self._layout.processor_coordinates_to_pnum(coords)
+
+  def processor_groups(self, mesh_axes):
+    return self._layout.processor_groups(mesh_axes)
+
+  def processor_group_array(self, mesh_axes):
+    return self._layout.processor_group_array(mesh_axes)
+
+  def local_pnums(self):
+    """Processors whose device belongs to this process (all, unless the
+    mesh spans several worker processes)."""
+    return list(range(self.size))
 
   # --- statistics ----------------------------------------------------------
-  def record_collective(self, kind, mesh_axes, elements_per_device):
+  def record_collective(self, kind, mesh_axes, elements_per_device,
+                        itemsize=4):
     if self._recorder is not None and mesh_axes:
       group = 1
       for a in mesh_axes:
-        group *= self._shape.dims[a].size
-      self._recorder(CollectiveRecord(kind, self.mesh_axis_names(mesh_axes),
-                                      group, int(elements_per_device)))
+        group *= self.shape.dims[a].size
+      elements = int(elements_per_device)
+      self._recorder(CollectiveRecord(
+          kind, self.mesh_axis_names(mesh_axes), group, elements,
+          relayout_lib.collective_bytes(kind, group, elements, itemsize)))
 
-  # --- variables and host-side assembly (outside per-device programs) ---
+  def _record(self, kind, mesh_axes, x):
+    t = x.tensor_list[0]
+    self.record_collective(kind, mesh_axes, t.shape.num_elements(),
+                           t.dtype.size)
+
+  def _axes_of_size_above_one(self, mesh_axes):
+    for a in mesh_axes:
+      if not 0 <= a < self.ndims:
+        raise ValueError("mesh axis %r is not an axis of mesh %s"
+                         % (a, self.shape))
+    return sorted({a for a in mesh_axes if self.shape.dims[a].size > 1})
+
+  # --- the collectives: checks, records, padding; the hooks communicate ----
+  def allreduce(self, x, mesh_axes, reduction_fn_string):
+    """Reduces ("SUM", "MAX" or "MIN") over the processors that differ
+    only along mesh_axes; every member gets the result."""
+    if reduction_fn_string not in ("SUM", "MAX", "MIN"):
+      raise ValueError("allreduce: reduction %r is not SUM, MAX or MIN"
+                       % (reduction_fn_string,))
+    axes = self._axes_of_size_above_one(mesh_axes)
+    if not axes:
+      return x
+    self._record("allreduce_" + reduction_fn_string.lower(), axes, x)
+    return self._allreduce(x, axes, reduction_fn_string)
+
+  def allreduce_if_needed(self, x, mesh_axes, reduction_fn_string):
+    return self.allreduce(x, mesh_axes, reduction_fn_string)
+
+  def allconcat(self, x, mesh_axis, concat_axis, size=None):
+    """Concatenates the slices along concat_axis across mesh_axis
+    (allgather). `size`: the true size of the gathered dim, when the slices
+    carry padding (an uneven split) -- the result is cut to it."""
+    if not self._axes_of_size_above_one([mesh_axis]):
+      return x
+    self._record("allconcat", [mesh_axis], x)
+    y = self._allconcat(x, mesh_axis, concat_axis)
+    return self._cut(y, concat_axis, size)
+
+  def allsplit(self, x, mesh_axis, split_axis):
+    """Each processor keeps its stripe of split_axis, which it holds whole:
+    a local slice, no communication. A size that mesh_axis does not divide
+    is padded to the next multiple first (the last stripes get the
+    padding)."""
+    n = self.shape.dims[mesh_axis].size
+    if n == 1:
+      return x
+
+    def fn(t, pcoord):
+      full = int(t.shape[split_axis])
+      size = -(-full // n)
+      t = _pad_to(t, split_axis, n * size)
+      begin = [0] * t.shape.rank
+      begin[split_axis] = tf.cast(pcoord, tf.int32) * size
+      sizes = list(t.shape)
+      sizes[split_axis] = size
+      return tf.slice(t, tf.stack(begin), sizes)
+    return self.slicewise(fn, x, self.laid_out_pcoord(mesh_axis))
+
+  def alltoall(self, x, mesh_axis, split_axis, concat_axis, concat_size=None):
+    """Stripes of split_axis go to the peers along mesh_axis; what arrives
+    is concatenated along concat_axis. split_axis is padded to a multiple
+    of the axis size; concat_size (the gathered dim's true size) cuts the
+    padding the concatenated stripes carry."""
+    n = self.shape.dims[mesh_axis].size
+    if n == 1:
+      return x
+    x = self.slicewise(lambda t: _pad_to(t, split_axis, n * -(
+        -int(t.shape[split_axis]) // n)), x)
+    self._record("alltoall", [mesh_axis], x)
+    y = self._alltoall(x, mesh_axis, split_axis, concat_axis)
+    return self._cut(y, concat_axis, concat_size)
+
+  def receive(self, x, mesh_axis, source_pcoord):
+    """Collective permute: the processor at coordinate j along mesh_axis
+    gets the slice of the one at source_pcoord[j] (zeros where None)."""
+    n = self.shape.dims[mesh_axis].size
+    if len(source_pcoord) != n:
+      raise ValueError("receive: %d sources for mesh axis %r of size %d"
+                       % (len(source_pcoord), self.shape.dims[mesh_axis].name,
+                          n))
+    if n == 1 and source_pcoord[0] == 0:
+      return x
+    self._record("permute", [mesh_axis], x)
+    return self._receive(x, mesh_axis, list(source_pcoord))
+
+  def _cut(self, x, axis, size):
+    if size is None:
+      return x
+    return self.slicewise(lambda t: _take(t, axis, 0, size)
+                          if int(t.shape[axis]) != size else t, x)
+
+  # --- the hooks each backend implements -----------------------------------
+  def _allreduce(self, x, mesh_axes, reduction_fn_string):
+    raise NotImplementedError
+
+  def _allconcat(self, x, mesh_axis, concat_axis):
+    raise NotImplementedError
+
+  def _alltoall(self, x, mesh_axis, split_axis, concat_axis):
+    raise NotImplementedError
+
+  def _receive(self, x, mesh_axis, source_pcoord):
+    raise NotImplementedError
+
+  def slicewise(self, fn, *inputs):
+    raise NotImplementedError
+
+  def laid_out_pcoord(self, mesh_axis):
+    raise NotImplementedError
+
+  # --- built from the collectives ---------------------------------------
+  def shift_by_n_processors(self, x, mesh_axis, offset, wrap):
+    """Each processor gets the slice of the one `offset` before it along
+    mesh_axis (wrapping around, or zeros past the ends)."""
+    n = self.shape.dims[mesh_axis].size
+    source = []
+    for i in range(n):
+      j = i - offset
+      source.append(j % n if wrap else (j if 0 <= j < n else None))
+    return self.receive(x, mesh_axis, source)
+
+  def execute_relayout(self, x, plan):
+    """Runs a RelayoutPlan (meshtf/layouts/relayout.py) on laid-out x."""
+    for step in plan.steps:
+      if step.kind == "allconcat":
+        x = self.allconcat(x, step.mesh_axis, step.concat_axis,
+                           size=step.concat_size)
+      elif step.kind == "alltoall":
+        x = self.alltoall(x, step.mesh_axis, step.split_axis,
+                          step.concat_axis, concat_size=step.concat_size)
+      elif step.kind == "allsplit":
+        x = self.allsplit(x, step.mesh_axis, step.split_axis)
+      elif step.kind == "reshape":
+        x = self.slicewise(
+            lambda t, s=list(step.local_shape): tf.reshape(t, s), x)
+      else:
+        raise ValueError("unknown relayout step %r" % (step.kind,))
+    return x
+
+  def reshape(self, x, old_shape, new_shape):
+    """Relayouts and reshapes laid-out x from old_shape to new_shape (the
+    MeshLayout's relayout plan; see meshtf/layouts/relayout.py)."""
+    dtype = x.tensor_list[0].dtype
+    return self.execute_relayout(x, self._layout.relayout_plan(
+        old_shape, new_shape, dtype.size))
+
+  def unsplit_dim(self, x, shape, tensor_axis):
+    """The whole of dim `tensor_axis` of shape on every processor: an
+    allconcat over its mesh axis (padding stripped), or x itself where the
+    dim is not split."""
+    s = self._layout.dim_split(shape, tensor_axis)
+    if not s.is_split:
+      return x
+    return self.allconcat(x, s.mesh_axis, tensor_axis, size=s.size)
+
+  def resplit_dim(self, x, shape, tensor_axis):
+    """Keeps this processor's stripe of dim `tensor_axis`, which x holds
+    whole, where shape's layout splits it (local; padded if uneven)."""
+    s = self._layout.dim_split(shape, tensor_axis)
+    if not s.is_split:
+      return x
+    return self.allsplit(x, s.mesh_axis, tensor_axis)
+
+  def gather_full(self, x, shape):
+    """The full tensor on every processor: each split dim gathered."""
+    for i in range(shapes.convert_to_shape(shape).ndims):
+      x = self.unsplit_dim(x, shape, i)
+    return x
+
+  # --- padding of uneven splits --------------------------------------------
+  def padding_mask(self, shape, dim_names=None):
+    """A laid-out bool tensor, broadcastable against slices of shape, that
+    is False exactly at the padding of shape's uneven dims (those in
+    dim_names, if given); None when there is no such padding."""
+    pads = [s for s in self._layout.uneven_dims(shape)
+            if dim_names is None or s.name in dim_names]
+    if not pads:
+      return None
+    rank = len(shape.dims)
+    mask = None
+    for s in pads:
+      def valid(pcoord, s=s):
+        begin = tf.cast(pcoord, tf.int32) * s.shard_size
+        ok = tf.range(s.shard_size, dtype=tf.int32) + begin < s.size
+        view = [1] * rank
+        view[s.tensor_axis] = s.shard_size
+        return tf.reshape(ok, view)
+      m = self.slicewise(valid, self.laid_out_pcoord(s.mesh_axis))
+      mask = m if mask is None else self.slicewise(tf.logical_and, mask, m)
+    return mask
+
+  def mask_padding(self, x, shape, fill, dim_names=None):
+    """x with the padding of shape's uneven dims (those in dim_names, if
+    given) replaced by `fill` (e.g. a reduction's identity); x itself when
+    the layout pads none of them."""
+    mask = self.padding_mask(shape, dim_names)
+    if mask is None:
+      return x
+
+    def fn(t, ok):
+      return tf.where(ok, t, tf.cast(fill, t.dtype))
+    return self.slicewise(fn, x, mask)
+
+  def padded_value(self, value, shape):
+    """A full tensor padded at the end of each uneven dim of shape to the
+    padded size, so that every processor's slice is in range."""
+    pads = [[0, s.padding] for s in self._layout.dim_splits(shape)]
+    if not any(p[1] for p in pads):
+      return value
+    return tf.pad(value, pads, constant_values=padding_fill(value.dtype))
+
+  # --- host-side assembly (outside per-device programs) ------------------
   def make_variable_slices(self, name, shape, dtype, slice_init_fn, trainable):
     """One tf.Variable per processor, initialised from slice_init_fn(begin,
     slice_shape) on its device. Must be called in an eager context."""
@@ -153,16 +427,11 @@ class MeshImpl(object):
                              name="%s_slice_%d" % (name.replace("/", "_"), p))
     return out
 
-  def local_pnums(self):
-    """Processors whose device belongs to this process (all, unless the
-    mesh spans several worker processes)."""
-    return list(range(self.size))
-
-
   def assemble_slices(self, slice_list, shape, device=None):
     """The full tensor from one slice per processor (in pnum order):
     concatenates along each split mesh axis, last axis first, keeping the
-    slices of processor coordinate 0 along replicated axes."""
+    slices of processor coordinate 0 along replicated axes, then cuts the
+    padding of uneven dims."""
     layout = self.tensor_layout(shape)
     mesh_to_tensor = layout.mesh_axis_to_tensor_axis(self.ndims)
     with tf.device(device):
@@ -176,14 +445,23 @@ class MeshImpl(object):
           nxt[group[0]] = (current[group[0]] if t_axis is None else
                            tf.concat([current[p] for p in group], t_axis))
         current = nxt
-      return tf.identity(current[0])
+      full = current[0]
+      sizes = shapes.convert_to_shape(shape).to_integer_list
+      if full.shape.as_list() != sizes:
+        full = tf.slice(full, [0] * len(sizes), sizes)
+      return tf.identity(full)
 
   def host_allreduce(self, slice_list, mesh_axes, reduction_fn_string):
     """Reduces per-processor tensors over the groups along mesh_axes with
     ordinary TF ops: once on each group's first device, then copied to every
     member's device. Records the collective. Returns the per-processor list."""
+    first = slice_list[0]
     self.record_collective("allreduce_" + reduction_fn_string.lower(),
-                           sorted(mesh_axes), slice_list[0].shape.num_elements())
+                           sorted(mesh_axes), first.shape.num_elements(),
+                           first.dtype.size)
+    return self._host_reduce(slice_list, mesh_axes, reduction_fn_string)
+
+  def _host_reduce(self, slice_list, mesh_axes, reduction_fn_string):
     reducer = _HOST_REDUCERS[reduction_fn_string]
     out = [None] * self.size
     for group in self.processor_groups(mesh_axes):
@@ -199,66 +477,21 @@ class MeshImpl(object):
     return self.assemble_slices([v.value() for v in entry.slices],
                                 entry.shape)
 
-  # --- generic algorithms built from the primitives ---------------------
-  def allreduce_if_needed(self, x, mesh_axes, reduction_fn_string):
-    mesh_axes = [a for a in mesh_axes if self._shape.dims[a].size > 1]
-    return self.allreduce(x, mesh_axes, reduction_fn_string) if mesh_axes else x
 
-  def shift_by_n_processors(self, x, mesh_axis, offset, wrap):
-    """Each processor gets the slice of the one `offset` before it along
-    mesh_axis (wrapping around, or zeros past the ends)."""
-    n = self.shape.dims[mesh_axis].size
-    source = []
-    for i in range(n):
-      j = i - offset
-      source.append(j % n if wrap else (j if 0 <= j < n else None))
-    return self.receive(x, mesh_axis, source)
+def _take(t, axis, begin, size):
+  index = [slice(None)] * t.shape.rank
+  index[axis] = slice(begin, begin + size)
+  return t[tuple(index)]
 
-  def reshape(self, x, old_shape, new_shape):
-    """Relayouts and reshapes laid-out x from old_shape to new_shape.
 
-    Per mesh axis: a split that selects the same elements keeps its split
-    (the old and new dims have the same product of the sizes before them,
-    Mesh TensorFlow's rule: e.g. [batch, length] -> [group, group_size] split
-    on batch and group is local); split -> unsplit is an allconcat; unsplit
-    -> split is a local slice (allsplit); one dim -> another dim on the same
-    axis is an alltoall when an unsplit old dim already slices like the new
-    dim, else allconcat then allsplit.
-    """
-    old_layout = list(self.tensor_layout(old_shape))
-    new_layout = list(self.tensor_layout(new_shape))
-    old_pos = _outer_sizes(old_shape)
-    new_pos = _outer_sizes(new_shape)
-    to_split_after = []
-    for m, mesh_dim in enumerate(self._shape.dims):
-      if mesh_dim.size == 1:
-        continue
-      a = old_layout.index(m) if m in old_layout else None
-      b = new_layout.index(m) if m in new_layout else None
-      if a is not None and b is not None and old_pos[a] == new_pos[b]:
-        continue
-      if b is not None:
-        twin = _twin(old_shape, old_pos, new_pos[b], mesh_dim.size)
-        if a is not None and twin is not None and old_layout[twin] is None:
-          x = self.alltoall(x, m, split_axis=twin, concat_axis=a)
-          old_layout[a], old_layout[twin] = None, m
-          continue
-        to_split_after.append((m, b))
-      if a is not None:
-        x = self.allconcat(x, m, a)
-        old_layout[a] = None
-    local_new = []
-    for i, d in enumerate(new_shape.dims):
-      m = new_layout[i]
-      split_now = m is not None and m in old_layout
-      local_new.append(d.size // self._shape.dims[m].size if split_now
-                       else d.size)
-    if [d.size for d in old_shape.dims] != [d.size for d in new_shape.dims] \
-        or old_shape.ndims != new_shape.ndims:
-      x = self.slicewise(_local_reshape(local_new), x)
-    for m, b in to_split_after:
-      x = self.allsplit(x, m, b)
-    return x
+def _pad_to(t, axis, size):
+  """t padded at the end of `axis` to `size` (with padding_fill)."""
+  extra = size - int(t.shape[axis])
+  if extra <= 0:
+    return t
+  spec = [[0, 0]] * t.shape.rank
+  spec[axis] = [0, extra]
+  return tf.pad(t, spec, constant_values=padding_fill(t.dtype))
 
 
 def _fold(fn, xs):
@@ -273,31 +506,3 @@ _HOST_REDUCERS = {
     "MAX": lambda xs: _fold(tf.maximum, xs),
     "MIN": lambda xs: _fold(tf.minimum, xs),
 }
-
-
-def _outer_sizes(shape):
-  """Per dim, the product of the sizes of the dims before it. Split n ways,
-  a dim gives processor i the i-th n-th of every one of its outer-size
-  blocks of the flattened tensor; so in two shapes of equal size, dims with
-  the same outer size split n ways select the same elements, in the same
-  order (Mesh TensorFlow's cumprod rule)."""
-  out, before = [], 1
-  for d in shape.dims:
-    out.append(before)
-    before *= d.size
-  return out
-
-
-def _twin(shape, outer_sizes, outer, n):
-  """The dim of shape with the given outer size that can be split n ways
-  (at most one: a dim of size >= 2 doubles the next outer size), or None."""
-  for i, (o, d) in enumerate(zip(outer_sizes, shape.dims)):
-    if o == outer and d.size % n == 0:
-      return i
-  return None
-
-
-def _local_reshape(new_slice_shape):
-  def fn(t):
-    return tf.reshape(t, new_slice_shape)
-  return fn

@@ -13,38 +13,16 @@ Example:
 """
 import tensorflow as tf
 
-from meshtf.layouts import tensor_layouts as tensor_layout_lib
 from meshtf.lowering import mesh_impl as mesh_impl_lib
+
 
 class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
   """Mesh implementation with one tensor per device (Mesh TensorFlow's
   placement lowering). `devices` lists one device string per processor, in
   processor (row-major coordinate) order."""
 
-  class LaidOutTensor(object):
-    """One tf.Tensor per processor."""
-
-    def __init__(self, tensor_list):
-      self.tensor_list = list(tensor_list)
-
-    @property
-    def all_slices(self):
-      return self.tensor_list
-
-    def to_laid_out_tensor(self):
-      return self
-
-    def __repr__(self):
-      return "LaidOutTensor(%d slices, %s)" % (
-          len(self.tensor_list), self.tensor_list[0].shape)
-
   def __init__(self, shape, layout, devices):
-    super().__init__(shape, layout)
-    devices = [d if isinstance(d, str) else d.name for d in devices]
-    tensor_layout_lib.validate_device_count(self.shape, len(devices))
-    self._devices = devices
-
-  devices = property(lambda self: list(self._devices))
+    super().__init__(shape, layout, devices)
 
   def _on(self, pnum):
     return tf.device(self._devices[pnum])
@@ -83,19 +61,13 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
         out.append(tf.constant(value_fn(pnum), dtype=dtype))
     return self.LaidOutTensor(out)
 
-  # --- collectives -----------------------------------------------------------
-  def allreduce(self, x, mesh_axes, reduction_fn_string):
-    """Reduces over processor groups along mesh_axes; every member gets the
-    same result (computed once on the group's first device, then copied)."""
-    if not mesh_axes:
-      return x
-    return self.LaidOutTensor(self.host_allreduce(x.tensor_list, mesh_axes,
-                                                  reduction_fn_string))
+  # --- collective hooks: ordinary TF ops on the devices involved ---------
+  def _allreduce(self, x, mesh_axes, reduction_fn_string):
+    # Computed once on the group's first device, then copied.
+    return self.LaidOutTensor(self._host_reduce(x.tensor_list, mesh_axes,
+                                                reduction_fn_string))
 
-  def allconcat(self, x, mesh_axis, concat_axis):
-    """Concatenates slices along concat_axis across mesh_axis (allgather)."""
-    self.record_collective("allconcat", [mesh_axis],
-                           x.tensor_list[0].shape.num_elements())
+  def _allconcat(self, x, mesh_axis, concat_axis):
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
       parts = [x.tensor_list[p] for p in group]
@@ -104,26 +76,7 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
           out[p] = tf.concat(parts, axis=concat_axis)
     return self.LaidOutTensor(out)
 
-  def allsplit(self, x, mesh_axis, split_axis):
-    """Each processor keeps its stripe of split_axis: a local slice."""
-    n = self.shape.dims[mesh_axis].size
-    def fn(t, pcoord):
-      size = t.shape[split_axis] // n
-      begin = [0] * t.shape.rank
-      begin[split_axis] = pcoord * size
-      sizes = list(t.shape)
-      sizes[split_axis] = size
-      return tf.slice(t, begin, sizes)
-    return self.LaidOutTensor([
-        _on_apply(self._on(p), fn, x.tensor_list[p],
-                  self.pnum_to_processor_coordinates(p)[mesh_axis])
-        for p in range(self.size)])
-
-  def alltoall(self, x, mesh_axis, split_axis, concat_axis):
-    """Splits split_axis into stripes sent to each peer along mesh_axis and
-    concatenates what arrives along concat_axis."""
-    self.record_collective("alltoall", [mesh_axis],
-                           x.tensor_list[0].shape.num_elements())
+  def _alltoall(self, x, mesh_axis, split_axis, concat_axis):
     n = self.shape.dims[mesh_axis].size
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
@@ -136,11 +89,7 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
           out[p] = tf.concat([pieces[j][i] for j in range(n)], axis=concat_axis)
     return self.LaidOutTensor(out)
 
-  def receive(self, x, mesh_axis, source_pcoord):
-    """Collective permute: processor at coordinate i along mesh_axis gets the
-    slice of the processor at source_pcoord[i] (None -> zeros)."""
-    self.record_collective("permute", [mesh_axis],
-                           x.tensor_list[0].shape.num_elements())
+  def _receive(self, x, mesh_axis, source_pcoord):
     out = [None] * self.size
     for group in self.processor_groups([mesh_axis]):
       for i, p in enumerate(group):
@@ -166,13 +115,12 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
   def import_tf_tensor(self, x, shape):
     """Gives each processor its slice of the full tf.Tensor x."""
     sizes = self.slice_shape(shape)
-    out = []
-    for p in range(self.size):
-      begin = self.slice_begin(shape, p)
-      with self._on(p):
-        out.append(tf.slice(x, begin, sizes) if sizes != shape.to_integer_list
-                   else tf.identity(x))
-    return self.LaidOutTensor(out)
+    if sizes == shape.to_integer_list:
+      return self.slicewise(tf.identity, x)
+    x = self.padded_value(x, shape)
+    return self.LaidOutTensor([
+        _on_apply(self._on(p), tf.slice, x, self.slice_begin(shape, p), sizes)
+        for p in range(self.size)])
 
   def import_host_slices(self, op):
     """The slices an import op makes on the host, one per processor."""

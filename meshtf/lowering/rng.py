@@ -113,5 +113,18 @@ def normal_slice(key, slice_begin, slice_shape, full_shape, mean=0.0,
   if truncate_at is not None:
     lo = 0.5 * (1.0 + math.erf(-truncate_at / math.sqrt(2.0)))
     u = lo + (1.0 - 2.0 * lo) * u
-  z = math.sqrt(2.0) * tf.math.erfinv(2.0 * u - 1.0)
+  z = math.sqrt(2.0) * _vectorized(tf.math.erfinv, 2.0 * u - 1.0)
   return tf.cast(mean + stddev * z, dtype)
+
+
+def _vectorized(fn, x, multiple=64):
+  """fn(x) for an elementwise fn, computed on x flattened and padded to a
+  multiple of `multiple` elements. TensorFlow's CPU kernels compute whole
+  SIMD packets with one polynomial and the tail of a tensor with another
+  (erfinv differs in the last bit), so without the padding a value would
+  depend on the size of the slice it falls in -- i.e. on the layout."""
+  shape = tf.shape(x)
+  flat = tf.reshape(x, [-1])
+  n = tf.size(flat)
+  flat = tf.pad(flat, [[0, (multiple - n % multiple) % multiple]])
+  return tf.reshape(fn(flat)[:n], shape)

@@ -26,7 +26,6 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 
-from meshtf.layouts import tensor_layouts as tensor_layout_lib
 from meshtf.lowering import cluster
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import mesh_impl as mesh_impl_lib
@@ -198,25 +197,10 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       collective and exhaust the process's threads in a training loop).
   """
 
-  class LaidOutTensor(object):
-    """The local slice (Mesh TensorFlow keeps a one-element tensor_list)."""
-
-    def __init__(self, tensor_list):
-      self.tensor_list = list(tensor_list)
-      if len(self.tensor_list) != 1:
-        raise ValueError("an SPMD LaidOutTensor holds exactly one slice")
-
-    one_slice = property(lambda self: self.tensor_list[0])
-    all_slices = property(lambda self: self.tensor_list)
-
-    def to_laid_out_tensor(self):
-      return self
+  is_spmd = True
 
   def __init__(self, shape, layout, devices, collective_timeout_seconds=600.0):
-    super().__init__(shape, layout)
-    devices = [d if isinstance(d, str) else d.name for d in devices]
-    tensor_layout_lib.validate_device_count(self.shape, len(devices))
-    self._devices = devices
+    super().__init__(shape, layout, devices)
     # Each processor's rank among all devices in TF's collective order.
     keys = [device_rank_key(d) for d in devices]
     self._rank_of = np.empty(len(devices), np.int64)
@@ -229,7 +213,6 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     self._tokens = None
     self._tables = {}
 
-  devices = property(lambda self: list(self._devices))
   # TF collective ops need a per-device ordering token (see _ordering_tokens).
   uses_ordering_token = True
 
@@ -371,12 +354,12 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     """
     entries = []
     for op in operations:
-      if hasattr(op, "create_slices"):
+      if op.creates_variable_slices:
         entries.append(op.create_slices(lowering) if launch
                        else op.entry_without_slices(self))
         lowering.variables[op] = entries[-1]
     names = [e.name for e in entries]
-    imports = [op for op in operations if hasattr(op, "host_slice")]
+    imports = [op for op in operations if op.imports_host_slices]
     specs = [tf.TensorSpec(self.slice_shape(op.outputs[0].shape),
                            op.outputs[0].dtype) for op in imports]
     chosen = []
@@ -446,11 +429,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
 
   def local_slice_begin(self, tensor_shape):
     """int64 vector: global start of this processor's slice, per dim."""
-    layout = self.tensor_layout(tensor_shape)
-    sizes = self.slice_shape(tensor_shape)
-    begin = [tf.constant(0, tf.int64) if a is None else
-             tf.cast(self.pcoord(a), tf.int64) * s
-             for a, s in zip(layout, sizes)]
+    begin = [tf.cast(self.pcoord(s.mesh_axis), tf.int64) * s.shard_size
+             if s.is_split else tf.constant(0, tf.int64)
+             for s in self.mesh_layout.dim_splits(tensor_shape)]
     return tf.stack(begin) if begin else tf.zeros([0], tf.int64)
 
   def laid_out_slice_begin(self, tensor_shape):
@@ -468,8 +449,8 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     sizes = self.slice_shape(shape)
     if sizes == shape.to_integer_list:
       return self.LaidOutTensor([x])
-    return self.LaidOutTensor([tf.slice(x, self.local_slice_begin(shape),
-                                        sizes)])
+    return self.LaidOutTensor([tf.slice(self.padded_value(x, shape),
+                                        self.local_slice_begin(shape), sizes)])
 
   def export_to_tf_tensor(self, x, shape):
     """The full tensor, assembled on the host from every device's slice
@@ -484,15 +465,6 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       with tf.device(self._devices[p]):
         return tf.identity(x.tensor_list[p])
     return self.assemble_slices(x.tensor_list, shape, self._devices[0])
-
-  def gather_full(self, x, shape):
-    """Inside the program: the full tensor on every processor (an
-    allconcat along each mesh axis that splits it)."""
-    layout = self.tensor_layout(shape)
-    for tensor_axis, mesh_axis in enumerate(layout):
-      if mesh_axis is not None and self.shape.dims[mesh_axis].size > 1:
-        x = self.allconcat(x, mesh_axis, tensor_axis)
-    return x
 
   def variable_full_value(self, entry):
     """Full value of a variable. Across workers this runs a small program
@@ -565,50 +537,22 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         # 0: no per-op timer thread; the watchdog handles timeouts.
         timeout_seconds=0.0)
 
-  # Each collective records itself, then calls a slice-level hook that
-  # backends with other collective ops (TpuMeshImpl) override.
-  def allreduce(self, x, mesh_axes, reduction_fn_string):
-    """Reduces over the processors that differ along mesh_axes."""
-    if not mesh_axes:
-      return x
-    t = x.one_slice
-    self.record_collective("allreduce_" + reduction_fn_string.lower(),
-                           sorted(mesh_axes), t.shape.num_elements())
+  # The collective hooks of the MeshImpl template, on the local slice; they
+  # call slice-level hooks that TpuMeshImpl overrides with the TPU ops.
+  def _allreduce(self, x, mesh_axes, reduction_fn_string):
     return self.LaidOutTensor([self._allreduce_slice(
-        t, sorted(mesh_axes), reduction_fn_string)])
+        x.one_slice, mesh_axes, reduction_fn_string)])
 
-  def allconcat(self, x, mesh_axis, concat_axis):
-    """Gathers along mesh_axis, concatenated along concat_axis."""
-    t = x.one_slice
-    self.record_collective("allconcat", [mesh_axis], t.shape.num_elements())
-    return self.LaidOutTensor([self._allconcat_slice(t, mesh_axis,
+  def _allconcat(self, x, mesh_axis, concat_axis):
+    return self.LaidOutTensor([self._allconcat_slice(x.one_slice, mesh_axis,
                                                      concat_axis)])
 
-  def allsplit(self, x, mesh_axis, split_axis):
-    """Keeps this processor's stripe of split_axis (no communication)."""
-    t = x.one_slice
-    n = self.shape.dims[mesh_axis].size
-    size = t.shape[split_axis] // n
-    begin = [0] * t.shape.rank
-    begin[split_axis] = self.pcoord(mesh_axis) * size
-    sizes = list(t.shape)
-    sizes[split_axis] = size
-    return self.LaidOutTensor([tf.slice(t, tf.stack(begin), sizes)])
+  def _alltoall(self, x, mesh_axis, split_axis, concat_axis):
+    return self.LaidOutTensor([self._alltoall_slice(
+        x.one_slice, mesh_axis, split_axis, concat_axis)])
 
-  def alltoall(self, x, mesh_axis, split_axis, concat_axis):
-    """Stripes of split_axis go to the peers along mesh_axis; what arrives
-    is concatenated along concat_axis."""
-    t = x.one_slice
-    self.record_collective("alltoall", [mesh_axis], t.shape.num_elements())
-    return self.LaidOutTensor([self._alltoall_slice(t, mesh_axis, split_axis,
-                                                    concat_axis)])
-
-  def receive(self, x, mesh_axis, source_pcoord):
-    """Collective permute: the processor at position j along mesh_axis gets
-    the slice of position source_pcoord[j] (zeros where None)."""
-    t = x.one_slice
-    self.record_collective("permute", [mesh_axis], t.shape.num_elements())
-    return self.LaidOutTensor([self._permute_slice(t, mesh_axis,
+  def _receive(self, x, mesh_axis, source_pcoord):
+    return self.LaidOutTensor([self._permute_slice(x.one_slice, mesh_axis,
                                                    source_pcoord)])
 
   def _allreduce_slice(self, t, mesh_axes, reduction_fn_string):

@@ -106,10 +106,9 @@ class VariableStore(object):
       _check_restored(name, value, entry.shape.to_integer_list, entry.dtype)
       impl = entry.mesh_impl
       with tf.init_scope():
+        sizes = impl.slice_shape(entry.shape)
         for p in impl.local_pnums():
-          begin = impl.slice_begin(entry.shape, p)
-          sizes = impl.slice_shape(entry.shape)
-          part = value[tuple(slice(b, b + n) for b, n in zip(begin, sizes))]
+          part = padded_part(value, impl.slice_begin(entry.shape, p), sizes)
           entry.slices[p].assign(tf.constant(part, entry.dtype))
 
   def unrestored_names(self):
@@ -132,11 +131,25 @@ def _check_restored(name, value, shape, dtype):
         "is %s" % (name, np.asarray(value).dtype, tf.as_dtype(dtype).name))
 
 
+def padded_part(value, begin, sizes):
+  """value[begin:begin + sizes] of a full numpy value, zero-padded at the
+  end where the slice of an uneven split reaches past it.
+
+  Example:
+    >>> padded_part(np.arange(5), [3], [3])
+    array([3, 4, 0])
+  """
+  part = np.asarray(value)[tuple(slice(b, b + n)
+                                 for b, n in zip(begin, sizes))]
+  if list(part.shape) != list(sizes):
+    part = np.pad(part, [(0, n - k) for n, k in zip(sizes, part.shape)])
+  return part
+
+
 def _slicer(value, dtype):
   """slice_init_fn that cuts a restored full value (numpy) per slice."""
   def fn(begin, sizes):
     begin = [int(b) for b in np.asarray(begin)]
-    part = value[tuple(slice(b, b + n) for b, n in zip(begin, sizes))]
-    return tf.constant(part, dtype)
+    return tf.constant(padded_part(value, begin, sizes), dtype)
   fn.traced = True  # plain eager slicing: no tf.function needed
   return fn

@@ -235,12 +235,16 @@ def expert_capacity(group_size, num_experts, capacity_factor, gating="top_2",
 
 
 def _mesh_dim_size(layout, mesh_shape, dim):
-  if layout is None or mesh_shape is None:
+  """Size of the mesh axis that splits dim: layout is a MeshLayout, or
+  layout rules with mesh_shape (Mesh TensorFlow's arguments)."""
+  if layout is None:
     return 1
-  mesh_shape = mtf.convert_to_shape(mesh_shape)
-  axis = mtf.convert_to_layout_rules(layout).tensor_dimension_to_mesh_axis(
-      dim, mesh_shape)
-  return 1 if axis is None else mesh_shape.dims[axis].size
+  if not isinstance(layout, mtf.MeshLayout):
+    if mesh_shape is None:
+      return 1
+    layout = mtf.MeshLayout(mesh_shape, layout)
+  axis = layout.split_axis(dim)
+  return 1 if axis is None else layout.axis_size(axis)
 
 
 # --- gating -------------------------------------------------------------------
@@ -465,8 +469,9 @@ def moe_layer(x, output_dim, hparams, train, variable_dtype=None,
     train: bool: capacity factor and second-expert policy of train or eval.
     variable_dtype: a VariableDType, or None for x's dtype. The router runs
       in float32 whatever the dtype.
-    layout, mesh_shape: optional, as in Mesh TensorFlow: if given, the
-      number of groups is made a multiple of the group dim's mesh axis size.
+    layout, mesh_shape: optional: a MeshLayout (mesh_shape None), or as in
+      Mesh TensorFlow layout rules and a mesh shape; if given, the number
+      of groups is made a multiple of the group dim's mesh axis size.
     activation: the experts' hidden activation (default mtf.relu).
     name: variable-name prefix (made unique in the graph).
     second_expert_uniform: optional [group, group_size] draws for the random
@@ -609,15 +614,21 @@ class MoeFeedForward(tl.TransformerLayer):
   (moe_layer); its load-balancing loss goes into context.losses, and its
   metrics dict is appended to `sink.layers` when a sink is given.
 
+  mesh_layout: the MeshLayout the model will run under (sets the automatic
+  group count, see moe_layer); mesh_shape and layout are Mesh TensorFlow's
+  form of it.
+
   Example:
-    >>> layer = MoeFeedForward(moe.MoeParams(moe_num_experts=8), sink)
+    >>> layer = MoeFeedForward(moe.MoeParams(moe_num_experts=8), sink,
+    ...                        mesh_layout=mtf.MeshLayout("x:8", "group:x"))
   """
 
-  def __init__(self, hparams, sink=None, mesh_shape=None, layout=None):
+  def __init__(self, hparams, sink=None, mesh_shape=None, layout=None,
+               mesh_layout=None):
     self.hparams = hparams
     self.sink = sink
-    self.mesh_shape = mesh_shape
-    self.layout = layout
+    self.mesh_shape = None if mesh_layout is not None else mesh_shape
+    self.layout = mesh_layout if mesh_layout is not None else layout
 
   @property
   def name(self):

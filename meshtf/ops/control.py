@@ -74,7 +74,7 @@ def _capture(graph, fn):
 def _is_source(op):
   # Variables and host-side imports: a backend sets them up before lowering
   # (the SPMD program takes them as arguments), so they live at top level.
-  return hasattr(op, "create_slices") or hasattr(op, "host_slice")
+  return op.creates_variable_slices or op.imports_host_slices
 
 
 def _hoist_sources(graph, ops):
@@ -171,7 +171,7 @@ def _tf_while_loop(impl, cond, body, loop_vars, **kwargs):
   graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
   before = len(graph.get_operations()) if graph is not None else 0
   out = tf.while_loop(cond, body, loop_vars, **kwargs)
-  if graph is not None and hasattr(impl, "lower_graph"):
+  if graph is not None and impl.is_spmd:
     for op in graph.get_operations()[before:]:
       if op.type in ("While", "StatelessWhile"):
         op._set_attr("_lower_using_switch_merge",

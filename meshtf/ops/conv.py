@@ -37,7 +37,10 @@ Layouts (what each split costs):
                    stripes (output size x stride == input size, e.g. SAME
                    padding with stripes divisible by the stride); any other
                    case raises a LayoutError (a ValueError) before any
-                   TensorFlow work.
+                   TensorFlow work. Uneven splits (stripes of ceil(size /
+                   n)) work the same way: the padding at the end of the
+                   last stripes is zeroed first and reads as SAME padding;
+                   every input's padding is zeroed, so no sum counts it.
 
 Blocks (the *_with_blocks forms, as Mesh TensorFlow): an image dim may be
 stored as a blocks dim (among the batch dims) times a within-block dim,
@@ -276,7 +279,12 @@ class _ConvBase(graph_lib.Operation):
     plan = []
     for i, (d, b, (lo, hi)) in enumerate(zip(g.spatial, g.blocks, g.pads)):
       a = split_axis(impl, b if b is not None else d)
-      stripe = d.size // impl.shape.dims[a].size if a is not None else d.size
+      if a is None:
+        stripe = d.size
+      else:  # ceil: uneven splits are padded at the end
+        n = impl.shape.dims[a].size
+        stripe = (-(-b.size // n) * (d.size // b.size) if b is not None
+                  else -(-d.size // n))
       plan.append((nb + i, a, stripe, lo, hi))
     return plan
 
@@ -297,7 +305,8 @@ class _ConvBase(graph_lib.Operation):
       if a is None:
         continue
       m = impl.shape.dims[a]
-      if od.size * st != d.size or od.size % m.size:
+      if od.size * st != d.size or (
+          -(-od.size // m.size) * st != -(-d.size // m.size)):
         raise errors.LayoutError(
             "%s %r: spatial dim %r is split over mesh axis %r (size %d), "
             "but with filter %s:%d, stride %d and padding %s the %s's %s:%d "
@@ -313,13 +322,11 @@ class _ConvBase(graph_lib.Operation):
 
   def _filter(self, lowering, f_tensor):
     """The filter's slice with its spatial dims whole (allconcat where a
-    layout splits them)."""
+    layout splits them) and the padding of uneven channel splits zeroed."""
     impl = lowering.mesh_impl(self)
-    f = lowering.tensors[f_tensor]
-    for i, d in enumerate(f_tensor.shape.dims[:self._geom.nd]):
-      a = split_axis(impl, d)
-      if a is not None:
-        f = impl.allconcat(f, a, i)
+    f = _zero_padding(lowering, f_tensor)
+    for i in range(self._geom.nd):
+      f = impl.unsplit_dim(f, f_tensor.shape, i)
     return f
 
   def _extend(self, lowering, x_tensor):
@@ -334,7 +341,10 @@ class _ConvBase(graph_lib.Operation):
     graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
     key = (x_tensor, tuple(self._geom.blocks), plan, graph)
     if key not in cache:
-      x = impl.slicewise(self._geom.to_image, lowering.tensors[x_tensor])
+      # Zeroed padding of uneven splits reads as the zeros SAME padding
+      # puts past the end of a spatial dim, and adds nothing to a sum.
+      x = impl.slicewise(self._geom.to_image,
+                         _zero_padding(lowering, x_tensor))
       for axis, a, stripe, lo, hi in plan:
         x = halo_extend(impl, x, axis, a, stripe, lo, hi)
       cache[key] = x
@@ -348,8 +358,13 @@ class _ConvBase(graph_lib.Operation):
     return sizes
 
 
+def _zero_padding(lowering, t):
+  """t's laid-out value with the padding of its uneven dims zeroed."""
+  return lowering.mesh_impl(t).mask_padding(lowering.tensors[t], t.shape, 0)
+
+
 def _stripes(size, n):
-  return "%d" % (size // n) if size % n == 0 else "%d/%d" % (size, n)
+  return "%d" % -(-size // n)
 
 
 class ConvOperation(_ConvBase):
@@ -437,7 +452,7 @@ class ConvInputGradOperation(_ConvBase):
       flat, batch = flatten_batch(g.to_image(dys), nb)
       dx = tf_input_grad(flat, fs, [prod(batch)] + sizes[nb:], g.strides)
       return restore_batch(dx, batch)
-    dx = impl.slicewise(local, lowering.tensors[dy_t], f)
+    dx = impl.slicewise(local, _zero_padding(lowering, dy_t), f)
     for axis, a, stripe, lo, hi in reversed(self._spatial_plan(impl)):
       dx = halo_reduce(impl, dx, axis, a, stripe, lo, hi)
     if g.has_blocks:
@@ -492,7 +507,7 @@ class ConvFilterGradOperation(_ConvBase):
       xs, _ = flatten_batch(xs, nb)
       dys, _ = flatten_batch(g.to_image(dys), nb)
       return tf_filter_grad(xs, dys, f_sizes, g.strides)
-    df = impl.slicewise(local, x, lowering.tensors[dy_t])
+    df = impl.slicewise(local, x, _zero_padding(lowering, dy_t))
     # Summed over this processor's batch rows, blocks and positions.
     reduced = sorted({a for a in (split_axis(impl, d)
                                   for d in dy_t.shape.dims[:-1])

@@ -68,9 +68,9 @@ def _take(t, axis, begin, size):
 
 # --- halo exchange on laid-out tensors ---------------------------------------
 def split_axis(impl, dim):
-  """The mesh axis (of size > 1) that splits dim, or None."""
-  a = impl.tensor_dimension_to_mesh_axis(dim)
-  return a if a is not None and impl.shape.dims[a].size > 1 else None
+  """The mesh axis (of size > 1) that splits dim, or None (impl: a MeshImpl
+  or a MeshLayout)."""
+  return impl.split_axis(dim)
 
 
 def _halo_pieces(stripe, lo, hi):

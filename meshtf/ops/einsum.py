@@ -68,7 +68,13 @@ class EinsumOperation(graph_lib.Operation):
     impl = lowering.mesh_impl(self)
     out = self._outputs[0]
     fn = _local.einsum_fn([x.shape for x in self._inputs], out.shape)
-    local = impl.slicewise(fn, *[lowering.tensors[x] for x in self._inputs])
+    # Contracted dims split unevenly: zero the padding of every operand that
+    # has them (padding may hold anything, NaN included).
+    contracted = [d.name for d in self._all_dims.dims
+                  if d.name not in out.shape.dimension_names]
+    operands = [impl.mask_padding(lowering.tensors[x], x.shape, 0, contracted)
+                for x in self._inputs]
+    local = impl.slicewise(fn, *operands)
     reduced = impl.reduced_mesh_axes(self._all_dims, out.shape)
     if reduced:
       local = lowering_lib.PendingSum(impl, local, reduced)

@@ -70,18 +70,18 @@ def check_integer(t, op_name, arg):
 
 def split_axis(impl, dim):
   """The mesh axis that splits dim, or None (also for a size-1 axis)."""
-  a = impl.tensor_dimension_to_mesh_axis(dim)
-  return a if a is not None and impl.shape.dims[a].size > 1 else None
+  return impl.split_axis(dim)
 
 
 def dim_offset(impl, dim):
   """Per processor, the global index where its stripe of dim starts: a
   laid-out int32 scalar, or the number 0 when dim is not split (slicewise
-  passes non-laid-out arguments through unchanged)."""
+  passes non-laid-out arguments through unchanged). Stripes have
+  ceil(size / axis size) positions (uneven splits are padded at the end)."""
   a = split_axis(impl, dim)
   if a is None:
     return 0
-  stripe = dim.size // impl.shape.dims[a].size
+  stripe = -(-dim.size // impl.shape.dims[a].size)
   return impl.slicewise(lambda p: tf.cast(p, tf.int32) * stripe,
                         impl.laid_out_pcoord(a))
 
@@ -264,8 +264,11 @@ class GatherOperation(graph_lib.Operation):
                               p.table_only)
       ids = _local.transpose_to(ids, i_names, p.shared + p.ids_only)
       n = int(w.shape[nb])
+      # In range, and in this stripe (an uneven stripe's padding is never
+      # read: ids past the dim's end are out of range, not padding).
+      in_range = ids < p.dim.size
       ids = ids - tf.cast(offset, ids.dtype)
-      mine = tf.logical_and(ids >= 0, ids < n)
+      mine = tf.logical_and(tf.logical_and(ids >= 0, ids < n), in_range)
       # Rows of other stripes (and out-of-range ids) read row 0, then zero.
       rows = tf.gather(w, tf.where(mine, ids, tf.zeros_like(ids)), axis=nb,
                        batch_dims=nb)
@@ -429,6 +432,8 @@ class CumsumOperation(graph_lib.Operation):
     # the pending sum's axes, so neither do the stripe totals).
     pending = isinstance(raw, lowering_lib.PendingSum)
     t = raw.laid_out if pending else raw
+    # An uneven stripe's padding adds nothing to the totals.
+    t = impl.mask_padding(t, x.shape, 0, [self._dim.name])
 
     def local_cumsum(s):
       return tf.cumsum(s, axis=axis, exclusive=exclusive, reverse=reverse)

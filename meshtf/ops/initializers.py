@@ -96,7 +96,11 @@ class ConstantInitializer(Initializer):
     if list(full.shape) != list(full_shape):
       raise ValueError("ConstantInitializer value has shape %s, variable "
                        "has %s" % (list(full.shape), list(full_shape)))
-    return tf.slice(full, tf.cast(begin, tf.int32), slice_shape)
+    begin = tf.cast(begin, tf.int32)
+    # The last slices of an uneven split reach past the variable's end.
+    past = tf.maximum(begin + slice_shape - list(full_shape), 0)
+    full = tf.pad(full, tf.stack([tf.zeros_like(past), past], axis=1))
+    return tf.slice(full, begin, slice_shape)
 
 
 class RandomNormalInitializer(Initializer):

@@ -13,10 +13,13 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.lowering import mesh_impl as mesh_impl_lib
 
 
 class ImportOperation(graph_lib.Operation):
   """Brings a full tf.Tensor onto the mesh; each processor takes its slice."""
+
+  imports_host_slices = True
 
   def __init__(self, mesh, tf_tensor, shape, name=None):
     shape = shapes.convert_to_shape(shape)
@@ -43,8 +46,8 @@ class ImportOperation(graph_lib.Operation):
     with tf.device(mesh_impl.devices[pnum]):
       if sizes == shape.to_integer_list:
         return tf.identity(self._tf_tensor)
-      return tf.slice(self._tf_tensor, mesh_impl.slice_begin(shape, pnum),
-                      sizes)
+      return tf.slice(mesh_impl.padded_value(self._tf_tensor, shape),
+                      mesh_impl.slice_begin(shape, pnum), sizes)
 
   def lower(self, lowering):
     lowering.set_tensor_lowering(
@@ -78,6 +81,8 @@ class ImportSlicesOperation(graph_lib.Operation):
   """A tensor whose slices come from slice_fn(begin, size), called on the
   host of each processor for that processor only (per-host input)."""
 
+  imports_host_slices = True
+
   def __init__(self, mesh, shape, slice_fn, dtype, name=None):
     super().__init__([], mesh=mesh, name=name or "import_slices")
     self._slice_fn = slice_fn
@@ -86,16 +91,26 @@ class ImportSlicesOperation(graph_lib.Operation):
 
   def host_slice(self, mesh_impl, pnum):
     shape = self._outputs[0].shape
+    dtype = self._outputs[0].dtype
     begin = mesh_impl.slice_begin(shape, pnum)
-    sizes = mesh_impl.slice_shape(shape)
+    # slice_fn is asked only for real positions (an uneven split's last
+    # slices are shorter, or empty); the padding is added here.
+    valid = mesh_impl.mesh_layout.valid_slice_shape(shape, pnum)
+    padded = mesh_impl.slice_shape(shape)
     with tf.device(mesh_impl.devices[pnum]):
-      value = tf.convert_to_tensor(self._slice_fn(begin, sizes),
-                                   dtype=self._outputs[0].dtype)
-    if value.shape.as_list() != sizes:
-      raise ValueError(
-          "import_slices %r: slice_fn(begin=%s, size=%s) returned shape %s; "
-          "it must return exactly the requested slice of %s"
-          % (self.name, begin, sizes, value.shape.as_list(), shape))
+      if 0 in valid:
+        value = tf.zeros(valid, dtype)
+      else:
+        value = tf.convert_to_tensor(self._slice_fn(begin, valid),
+                                     dtype=dtype)
+        if value.shape.as_list() != valid:
+          raise ValueError(
+              "import_slices %r: slice_fn(begin=%s, size=%s) returned shape "
+              "%s; it must return exactly the requested slice of %s"
+              % (self.name, begin, valid, value.shape.as_list(), shape))
+      if valid != padded:
+        value = tf.pad(value, [[0, p - v] for p, v in zip(padded, valid)],
+                       constant_values=mesh_impl_lib.padding_fill(dtype))
     return value
 
   def lower(self, lowering):
@@ -126,12 +141,11 @@ def host_rows(mesh_impl, shape):
     [8, 9, 10, 11, 12, 13, 14, 15]
   """
   shape = shapes.convert_to_shape(shape)
-  local = getattr(mesh_impl, "local_pnums", None)
-  pnums = local() if local is not None else range(mesh_impl.size)
+  pnums = mesh_impl.local_pnums()
   rows = set()
-  size = mesh_impl.slice_shape(shape)[0]
   for p in pnums:
     begin = int(mesh_impl.slice_begin(shape, p)[0])
+    size = mesh_impl.mesh_layout.valid_slice_shape(shape, p)[0]
     rows.update(range(begin, begin + size))
   return sorted(rows)
 

@@ -88,11 +88,7 @@ class PrintOperation(graph_lib.Operation):
     impl = lowering.mesh_impl(self)
     full = []
     for d in self._inputs[1:]:
-      value = lowering.tensors[d]
-      for axis, mesh_axis in enumerate(impl.tensor_layout(d)):
-        if mesh_axis is not None and impl.shape.dims[mesh_axis].size > 1:
-          value = impl.allconcat(value, mesh_axis, axis)
-      full.append(value)
+      full.append(impl.gather_full(lowering.tensors[d], d.shape))
     message, kwargs = self._message, self._kwargs
 
     def local(t, pnum, *values):

@@ -8,7 +8,9 @@ dims and the channels. A pooled spatial dim keeps its name, with size
 size // ksize.
 
 Layouts: everything is local. A split spatial dim needs stripes that ksize
-divides (then every window lies on one processor); otherwise a LayoutError
+divides into the pooled dim's stripes (then every window lies on one
+processor; uneven splits too, e.g. h:10 with ksize 2 on 3 processors:
+stripes of 4 pool into stripes of 2 of h:5); otherwise a LayoutError
 (a ValueError) names the op, the dim, the mesh axis, the sizes and the fix,
 before any TensorFlow work. The gradient is a meshtf op too
 (PoolGradOperation: TensorFlow's MaxPoolGrad / AvgPoolGrad on each slice,
@@ -47,15 +49,19 @@ class _PoolBase(graph_lib.Operation):
       if a is None:
         continue
       m = impl.shape.dims[a]
-      stripe = d.size // m.size
-      if stripe % k:
+      stripe = -(-d.size // m.size)
+      # Windows must tile every stripe, and the pooled stripes must line up
+      # with the pooled dim's own split (ceil(size // k / n) positions).
+      if stripe % k or stripe // k != -(-(d.size // k) // m.size):
         raise errors.LayoutError(
             "%s %r: spatial dim %s:%d is split over mesh axis %r (size %d) "
-            "into stripes of %d, which ksize %d does not divide, so a "
-            "pooling window would straddle two processors. Make the stripe "
-            "a multiple of %d (%s a multiple of %d), or do not split %r." % (
+            "into stripes of %d, which ksize %d does not tile into the "
+            "pooled dim's stripes of %d, so a pooling window would straddle "
+            "two processors. Make the stripe a multiple of %d (%s a "
+            "multiple of %d), or do not split %r." % (
                 self._label, self.name, d.name, d.size, m.name, m.size,
-                stripe, k, k, d.name, k * m.size, d.name))
+                stripe, k, -(-(d.size // k) // m.size), k, d.name,
+                k * m.size, d.name))
 
   def _window(self):
     return [1] + list(self._ksize) + [1]

@@ -23,6 +23,24 @@ from meshtf.ops import elementwise
 _LOCAL = {"SUM": tf.reduce_sum, "MAX": tf.reduce_max, "MIN": tf.reduce_min}
 
 
+def identity_of(reduction, dtype):
+  """The value that does not change a SUM / MAX / MIN reduction of dtype:
+  what the padding of an uneven split is replaced by before reducing.
+
+  Example:
+    >>> identity_of("MAX", tf.float32)
+    -inf
+  """
+  dtype = tf.as_dtype(dtype)
+  if reduction == "SUM":
+    return 0
+  if dtype == tf.bool:
+    return reduction == "MIN"
+  if dtype.is_floating:
+    return float("-inf") if reduction == "MAX" else float("inf")
+  return dtype.min if reduction == "MAX" else dtype.max
+
+
 class ReduceOperation(graph_lib.Operation):
   """Reduces x to output_shape (a subset of its dims) with SUM, MAX or MIN."""
 
@@ -59,7 +77,11 @@ class ReduceOperation(graph_lib.Operation):
       if axes:
         t = fn(t, axis=axes)
       return _local.transpose_to(t, kept, out.shape.dimension_names)
-    value = impl.slicewise(local, lowering.tensors[x])
+    # The padding of an unevenly split reduced dim must not count.
+    value = impl.mask_padding(lowering.tensors[x], x.shape,
+                              identity_of(self._reduction, x.dtype),
+                              [names[i] for i in axes])
+    value = impl.slicewise(local, value)
     mesh_axes = impl.reduced_mesh_axes(x.shape, out.shape)
     if mesh_axes:
       if self._reduction == "SUM":

@@ -22,9 +22,12 @@ split over a mesh axis. Here every op works under any layout:
   pool_tensor_1d,  a reshape pool_dim -> [pool_dim, tmp_pool] (MeshImpl.reshape
   stride_tensor_1d does the relayout), then a reduction or slice of tmp_pool.
 
-A dim whose size changes keeps its name, so under a layout that splits it
-every size it takes must divide by the mesh axis; the layout check then
-raises a LayoutError naming the tensor.
+A dim whose size changes keeps its name, and so its mesh axis; a size the
+axis does not divide is split unevenly (padded, see
+meshtf/layouts/mesh_layout.py): mtf.slice(x, 0, 7, "length") with length
+split 4 ways gives stripes of 2, the last one holding 1 position and 1 of
+padding. shift along an unevenly split dim gathers the dim (allconcat),
+shifts it locally and keeps the own stripe.
 
 Example:
   >>> import meshtf as mtf
@@ -60,25 +63,16 @@ def _resized(shape, axis, size):
   return shapes.Shape(dims)
 
 
-def _split_mesh_axis(impl, shape, axis):
-  """The mesh axis (of size > 1) that splits tensor axis `axis` of `shape`
-  under the current layout, or None."""
-  a = list(impl.tensor_layout(shape))[axis]
-  return a if a is not None and impl.shape.dims[a].size > 1 else None
-
-
 def _unsplit(impl, laid, shape, axis):
   """The whole of tensor axis `axis` on every processor (an allconcat over
-  its mesh axis, or nothing when it is not split)."""
-  a = _split_mesh_axis(impl, shape, axis)
-  return laid if a is None else impl.allconcat(laid, a, axis)
+  its mesh axis, padding cut, or nothing when it is not split)."""
+  return impl.unsplit_dim(laid, shape, axis)
 
 
 def _resplit(impl, laid, shape, axis):
   """Keeps this processor's stripe of `axis` where `shape` splits it (a
-  local slice; the data is already everywhere)."""
-  a = _split_mesh_axis(impl, shape, axis)
-  return laid if a is None else impl.allsplit(laid, a, axis)
+  local slice, padded if uneven; the data is already everywhere)."""
+  return impl.resplit_dim(laid, shape, axis)
 
 
 def _local_slice(t, axis, begin, size):
@@ -127,8 +121,8 @@ class SliceOperation(_FloatGradient, graph_lib.Operation):
 def mtf_slice(x, begin, size, slice_dim_name, name=None):
   """x[begin:begin + size] along the dim named slice_dim_name (which keeps
   its name). If that dim is split over a mesh axis, its stripes are
-  gathered (allconcat), sliced, and split again (local) -- so size must
-  then divide by the mesh axis too. The gradient is a pad.
+  gathered (allconcat), sliced, and split again (local; padded when the
+  axis does not divide size). The gradient is a pad.
 
   Example:
     >>> first_half = mtf.slice(x, 0, length_dim.size // 2, "length")
@@ -172,8 +166,9 @@ class PadOperation(_FloatGradient, graph_lib.Operation):
 
 def pad(x, paddings, dim_name, name=None):
   """x with paddings[0] zeros before and paddings[1] after along dim_name.
-  A split dim is gathered (allconcat), padded and split again (local); the
-  padded size must then divide by the mesh axis. The gradient is a slice.
+  A split dim is gathered (allconcat), padded and split again (local;
+  unevenly if the axis does not divide the new size). The gradient is a
+  slice.
 
   Example:
     >>> y = mtf.pad(x, [1, 0], "length")   # length:8 -> length:9
@@ -228,8 +223,8 @@ class ConcatOperation(_FloatGradient, graph_lib.Operation):
 def concat(xs, concat_dim_name, name=None):
   """The tensors xs joined along concat_dim_name (the dim keeps its name;
   its size is the sum). Where that dim is split, each input is gathered
-  (allconcat), joined locally and the result split again (local); every
-  input size must then divide by the mesh axis. The gradient is slices.
+  (allconcat), joined locally and the result split again (local). The
+  gradient is slices.
 
   Example:
     >>> y = mtf.concat([x1, x2], "length")   # length:4 + length:8 -> 12
@@ -403,10 +398,14 @@ class ShiftOperation(_FloatGradient, graph_lib.Operation):
     if not wrap and abs(offset) >= n:
       lowering.set_tensor_lowering(out, impl.slicewise(tf.zeros_like, t))
       return
-    mesh_axis = _split_mesh_axis(impl, x.shape, axis)
-    if mesh_axis is None:
-      lowering.set_tensor_lowering(out, impl.slicewise(
-          lambda s: _local_shift(s, axis, offset, wrap), t))
+    split = impl.mesh_layout.dim_split(x.shape, axis)
+    mesh_axis = split.mesh_axis
+    if mesh_axis is None or not split.is_even:
+      # Unsplit, or split unevenly (where the stripes do not tile the dim
+      # evenly): shift the whole dim locally (gathered first if split).
+      t = _unsplit(impl, t, x.shape, axis)
+      t = impl.slicewise(lambda s: _local_shift(s, axis, offset, wrap), t)
+      lowering.set_tensor_lowering(out, _resplit(impl, t, x.shape, axis))
       return
     # Halo exchange. With stripe s and offset = q * s + r (0 <= r < s), the
     # out stripe of processor p is [last r of stripe p-q-1, first s-r of

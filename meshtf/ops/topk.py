@@ -90,8 +90,13 @@ class TopKOperation(graph_lib.Operation):
       t = _local.transpose_to(t, names, rest + [self._dim.name])
       values, ids = tf.math.top_k(t, min(k, stripe))
       return values, ids + tf.cast(offset, tf.int32)
-    values, ids = impl.slicewise(local_top_k, lowering.tensors[x],
-                                 index.dim_offset(impl, self._dim))
+    # The padding of an uneven stripe ranks below everything (ties go to the
+    # lower index, so a real entry equal to the fill still wins).
+    lowest = x.dtype.min if x.dtype.is_integer else float("-inf")
+    values, ids = impl.slicewise(
+        local_top_k, impl.mask_padding(lowering.tensors[x], x.shape, lowest,
+                                       [self._dim.name]),
+        index.dim_offset(impl, self._dim))
     mesh_axis = index.split_axis(impl, self._dim)
     if mesh_axis is not None:
       # Every stripe's candidates, in stripe order: equal values keep the
@@ -212,10 +217,7 @@ class SortOperation(graph_lib.Operation):
     rest = [n for n in names if n != self._dim.name]
     axis = names.index(self._dim.name)
     direction = "DESCENDING" if self._descending else "ASCENDING"
-    t = lowering.tensors[x]
-    mesh_axis = index.split_axis(impl, self._dim)
-    if mesh_axis is not None:
-      t = impl.allconcat(t, mesh_axis, axis)  # the whole dim, everywhere
+    t = impl.unsplit_dim(lowering.tensors[x], x.shape, axis)  # the whole dim
 
     def local_sort(s):
       s = _local.transpose_to(s, names, rest + [self._dim.name])
@@ -224,9 +226,8 @@ class SortOperation(graph_lib.Operation):
       back = lambda z: _local.transpose_to(z, rest + [self._dim.name], names)
       return back(values), back(tf.cast(perm, tf.int32))
     values, perm = impl.slicewise(local_sort, t)
-    if mesh_axis is not None:
-      values = impl.allsplit(values, mesh_axis, axis)
-      perm = impl.allsplit(perm, mesh_axis, axis)
+    values = impl.resplit_dim(values, x.shape, axis)
+    perm = impl.resplit_dim(perm, x.shape, axis)
     lowering.set_tensor_lowering(self._outputs[0], values)
     lowering.set_tensor_lowering(self._outputs[1], perm)
 

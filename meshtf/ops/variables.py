@@ -32,6 +32,7 @@ class Variable(graph_lib.Operation):
     if trainable:
       mesh.graph.trainable_variables.append(self)
 
+  creates_variable_slices = True
   shape = property(lambda self: self._outputs[0].shape)
   dtype = property(lambda self: self._outputs[0].dtype)
   trainable = property(lambda self: self._trainable)

@@ -237,7 +237,7 @@ def validate(config, check_layout=True, check_data=True):
   any TensorFlow work: unknown keys, bad values, malformed mesh_shape or
   layout, a mesh whose size is not the device count, missing data files,
   and (check_layout) any tensor of the model whose dims the layout splits
-  unevenly or twice over one mesh axis.
+  twice over one mesh axis. Returns the config's MeshLayout.
 
   Example:
     >>> c = default_config(); c.num_virtual_cpus = 4
@@ -340,13 +340,14 @@ def validate(config, check_layout=True, check_data=True):
   if check_data:
     problems.extend(_task_problems(config))
 
-  mesh_shape, rules = _mesh_problems(config, problems)
+  layout = _mesh_problems(config, problems)
   if problems:
     raise ConfigError(problems)
   if check_layout:
-    problem = layout_problem(config, mesh_shape, rules)
+    problem = layout_problem(config, layout)
     if problem:
       raise ConfigError([problem])
+  return layout
 
 
 def _task_problems(config):
@@ -387,15 +388,31 @@ def _task_problems(config):
   return out
 
 
+def mesh_layout(config):
+  """The config's MeshLayout (mesh_shape and layout, parsed once: the
+  binary, its preflight, the MoE layer and the multi-worker set-up all take
+  this object). Raises ConfigError with one line per problem.
+
+  Example:
+    >>> mesh_layout(default_config()).mesh_shape
+    Shape([data:4, model:2])
+  """
+  problems = []
+  layout = _mesh_problems(config, problems)
+  if problems:
+    raise ConfigError(problems)
+  return layout
+
+
 def _mesh_problems(config, problems):
-  """Parses mesh_shape and layout; appends problems; returns both (or
-  None where unparsable)."""
+  """Parses mesh_shape and layout into a MeshLayout; appends problems;
+  returns it (None if unparsable)."""
   from meshtf import shapes
   from meshtf import layouts
   mesh_shape = rules = None
   try:
     mesh_shape = shapes.convert_to_shape(str(config.mesh_shape))
-    if not mesh_shape.ndims or any(d.size < 1 for d in mesh_shape.dims):
+    if not mesh_shape.ndims:
       raise ValueError("no axes")
   except (ValueError, TypeError) as e:
     problems.append(
@@ -407,43 +424,41 @@ def _mesh_problems(config, problems):
   except ValueError as e:
     problems.append("layout %r is malformed: %s" % (
         config.layout, str(e).splitlines()[0]))
-  if mesh_shape is not None and rules is not None:
-    try:
-      layouts.validate_layout_rules(rules, mesh_shape)
-    except ValueError as e:
-      problems.append("--layout: %s" % str(e).splitlines()[0])
-  if mesh_shape is not None:
-    devices = config.num_virtual_cpus or mesh_shape.size
-    if devices != mesh_shape.size:
-      problems.append(
-          "mesh_shape %r has %d processors but num_virtual_cpus is %d: set "
-          "--num_virtual_cpus=%d or a mesh_shape whose sizes multiply to %d"
-          % (config.mesh_shape, mesh_shape.size, devices, mesh_shape.size,
-             devices))
-  return mesh_shape, rules
+  if mesh_shape is None or rules is None:
+    return None
+  try:
+    layout = layouts.MeshLayout(mesh_shape, rules)
+  except ValueError as e:
+    problems.append("--mesh_shape / --layout: %s" % str(e).splitlines()[0])
+    return None
+  devices = config.num_virtual_cpus or layout.size
+  if devices != layout.size:
+    problems.append(
+        "mesh_shape %r has %d processors but num_virtual_cpus is %d: set "
+        "--num_virtual_cpus=%d or a mesh_shape whose sizes multiply to %d"
+        % (config.mesh_shape, layout.size, devices, layout.size, devices))
+  return layout
 
 
-def layout_problem(config, mesh_shape=None, rules=None):
+def layout_problem(config, mesh_layout_=None):
   """One line describing the first tensor of the training graph (forward,
   gradients and optimizer) that the layout cannot place, or None.
 
   The graph is built symbolically (meshtf ops only, no TensorFlow op runs)
-  and each tensor's layout comes from meshtf's layout code, so the check
-  is exactly the one lowering would make, before any device exists.
+  and checked by MeshLayout.validate_operations, the check the Lowering
+  makes, before any device exists.
 
   Example:
-    >>> c = default_config(); c.layout = "heads:model"; c.num_heads = 3
+    >>> c = default_config(); c.layout = "heads:model;d_ff:model"
     >>> layout_problem(c)
-    "--layout 'heads:model' ... dimension 'heads' has size 3, ..."
+    "--layout 'heads:model;d_ff:model' ... split both dimension 'heads' ..."
   """
   from meshtf import layouts
-  from meshtf import shapes
   from meshtf.train import experiment
-  mesh_shape = mesh_shape or shapes.convert_to_shape(str(config.mesh_shape))
-  rules = rules or layouts.convert_to_layout_rules(str(config.layout))
+  layout = mesh_layout_ or mesh_layout(config)
   try:
-    graph = experiment.build_training_graph(config)[0]
-    experiment.check_layouts(graph, mesh_shape, rules)
+    graph = experiment.build_training_graph(config, layout)[0]
+    experiment.check_layouts(graph, layout)
   except layouts.LayoutError as e:
     return "--layout %r on mesh %r: %s" % (
         str(config.layout), str(config.mesh_shape), str(e).splitlines()[0])
@@ -455,4 +470,5 @@ def layout_problem(config, mesh_shape=None, rules=None):
 
 
 __all__ = ["ConfigError", "default_config", "get_config", "validate",
-           "layout_problem", "unknown_keys", "moe_layer_indices"]
+           "mesh_layout", "layout_problem", "unknown_keys",
+           "moe_layer_indices"]

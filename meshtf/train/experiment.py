@@ -7,8 +7,9 @@ before any TensorFlow work.
 Example:
   >>> from meshtf.train import config as config_lib, experiment
   >>> c = config_lib.default_config()
-  >>> graph, loss = experiment.build_training_graph(c)   # symbolic only
-  >>> experiment.parameter_counts(graph, c)["total"] > 0
+  >>> layout = config_lib.mesh_layout(c)   # mesh_shape + layout, parsed once
+  >>> graph, loss = experiment.build_training_graph(c, layout)  # symbolic
+  >>> experiment.parameter_counts(graph, layout)["total"] > 0
   True
 """
 import math
@@ -17,9 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 import meshtf as mtf
-from meshtf import layouts
 from meshtf.lowering import lowering as lowering_lib
-from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.models import layers
 from meshtf.models import moe as moe_lib
 from meshtf.models import optimize
@@ -77,14 +76,15 @@ def moe_params(config):
       moe_loss_coef=m.loss_coef, moe_router_z_loss_coef=m.router_z_loss_coef)
 
 
-def moe_feedforward_layer_fn(config, sink=None):
+def moe_feedforward_layer_fn(config, sink=None, mesh_layout=None):
   """make_layer_stack's feedforward_layer_fn: an MoE layer at the indices
   config.moe.layers names, the default dense layer elsewhere (None when
   the config has no experts). This one function is all the wiring MoE
-  needs.
+  needs. mesh_layout (the config's MeshLayout) sets the automatic group
+  count (moe.num_groups = 0); None counts one group axis processor.
 
   Example:
-    >>> fn = moe_feedforward_layer_fn(config, MoeMetrics())
+    >>> fn = moe_feedforward_layer_fn(config, MoeMetrics(), layout)
     >>> stack = transformer.make_layer_stack(4, feedforward_layer_fn=fn)
   """
   if not config.moe.num_experts:
@@ -93,20 +93,20 @@ def moe_feedforward_layer_fn(config, sink=None):
 
   def fn(i, num_layers):
     if i in config_lib.moe_layer_indices(config, num_layers):
-      return moe_lib.MoeFeedForward(hparams, sink, str(config.mesh_shape),
-                            str(config.layout))
+      return moe_lib.MoeFeedForward(hparams, sink, mesh_layout=mesh_layout)
     return None
   return fn
 
 
 # --- model --------------------------------------------------------------------
-def build_model(config, sink=None):
-  """The Unitransformer (lm) or Bitransformer the config describes.
+def build_model(config, sink=None, mesh_layout=None):
+  """The Unitransformer (lm) or Bitransformer the config describes (for
+  mesh_layout, see moe_feedforward_layer_fn).
 
   Example:
-    >>> model = build_model(config_lib.default_config(), MoeMetrics())
+    >>> model = build_model(config, MoeMetrics(), config_lib.mesh_layout(config))
   """
-  ffn = moe_feedforward_layer_fn(config, sink)
+  ffn = moe_feedforward_layer_fn(config, sink, mesh_layout)
   common = dict(
       d_model=config.d_model, num_heads=config.num_heads, d_kv=config.d_kv,
       d_ff=config.d_ff, max_length=config.length,
@@ -194,16 +194,16 @@ def learning_rate_schedule(config):
       total_steps=config.train_steps)
 
 
-def build_training_graph(config):
+def build_training_graph(config, mesh_layout=None):
   """The symbolic training graph (forward, gradients, clipping, optimizer
   update, step increment) as TrainStep builds it, with zeros for the
   features: no TensorFlow op runs. Returns (graph, loss).
 
   Example:
-    >>> graph, loss = build_training_graph(config_lib.default_config())
+    >>> graph, loss = build_training_graph(config, layout)
   """
   sink = MoeMetrics()
-  model = build_model(config, sink)
+  model = build_model(config, sink, mesh_layout)
   graph = mtf.Graph(seed=config.seed)
   mesh = mtf.Mesh(graph, "mesh")
   shape = mtf.Shape([mtf.Dimension("batch", config.batch_size),
@@ -221,31 +221,21 @@ def build_training_graph(config):
   return graph, loss
 
 
-def check_layouts(graph, mesh_shape, layout_rules):
+def check_layouts(graph, mesh_layout):
   """Computes every tensor's layout as the lowering would (ops' own checks
   included); raises LayoutError naming the first bad tensor."""
-  impl = mesh_impl_lib.MeshImpl(mesh_shape, layout_rules)
-  for op in lowering_lib.all_operations(graph.operations):
-    for t in op.outputs:
-      impl.tensor_layout(t)
-    check = getattr(op, "validate_layout", None)
-    if check is not None:
-      check(impl)
+  mesh_layout.validate_operations(
+      lowering_lib.all_operations(graph.operations))
 
 
-def parameter_counts(graph, config):
+def parameter_counts(graph, mesh_layout):
   """{"total": parameters, "per_device": the largest share one processor
-  holds, "optimizer_per_device": the same for non-trainable variables
-  (optimizer slots, step)}."""
-  mesh_shape = mtf.convert_to_shape(str(config.mesh_shape))
-  rules = mtf.convert_to_layout_rules(str(config.layout))
+  holds (padded slices of uneven splits included), "optimizer_per_device":
+  the same for non-trainable variables (optimizer slots, step)}."""
   total = per_device = other = 0
   trainable = set(graph.trainable_variables)
   for v in graph.all_variables:
-    layout = layouts.tensor_layout(v.shape, mesh_shape, rules)
-    share = 1
-    for size in layouts.slice_shape(v.shape, mesh_shape, layout):
-      share *= size
+    share = mesh_layout.slice_size(v.shape)
     if v in trainable:
       total += v.shape.size
       per_device += share
@@ -355,11 +345,11 @@ def _check_vocab(config, data_vocab_size):
 
 
 # --- mesh ---------------------------------------------------------------------
-def make_mesh_impl(config, devices):
-  """The config's MeshImpl (backend, mesh_shape, layout) on devices."""
+def make_mesh_impl(config, mesh_layout, devices):
+  """The config's MeshImpl (config.backend) for mesh_layout on devices."""
   cls = mtf.SimdMeshImpl if config.backend == "simd" else \
       mtf.PlacementMeshImpl
-  return cls(str(config.mesh_shape), str(config.layout), devices)
+  return cls(mesh_layout, None, devices)
 
 
 def per_example_loss(model, features, mode="eval"):

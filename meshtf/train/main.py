@@ -25,7 +25,7 @@ export  a SavedModel (plain tf.Variables, full values) with signatures
         "score" (targets -> per-example loss) and "decode" (greedy), which
         TensorFlow loads without meshtf.
 
-Bad input (config key, mesh shape, layout, device count, uneven split,
+Bad input (config key, mesh shape, layout, device count, two dims on one axis,
 data files) is reported as one line on stderr before anything is written;
 the exit code is 2.
 
@@ -189,7 +189,7 @@ class Session(object):
   """The mesh, model, data and variables of one run of the binary."""
 
   def __init__(self, config, model_dir, mode, devices=None, log=print,
-               workers=None):
+               workers=None, mesh_layout=None):
     import meshtf as mtf
     from meshtf.lowering import variables as variables_lib
     from meshtf.train import checkpoint
@@ -200,11 +200,13 @@ class Session(object):
     self.log = log
     self.mtf = mtf
     self.experiment = experiment
-    mesh_size = mtf.convert_to_shape(str(config.mesh_shape)).size
+    self.mesh_layout = mesh_layout or config_lib.mesh_layout(config)
+    mesh_size = self.mesh_layout.size
     if devices is None:
       devices = mtf.virtual_cpu_devices(config.num_virtual_cpus or mesh_size)
     self.devices = list(devices)[:mesh_size]
-    self.impl = experiment.make_mesh_impl(config, self.devices)
+    self.impl = experiment.make_mesh_impl(config, self.mesh_layout,
+                                          self.devices)
     self.workers = workers
     # The chief writes; in a multi-worker run every worker reads only the
     # batch rows its processors hold.
@@ -218,7 +220,7 @@ class Session(object):
     self.manager = checkpoint.CheckpointManager(
         model_dir, max_to_keep=config.keep_checkpoints)
     self.sink = experiment.MoeMetrics()
-    self.model = experiment.build_model(config, self.sink)
+    self.model = experiment.build_model(config, self.sink, self.mesh_layout)
     self._eval_fn = None
     self._decoder = None
 
@@ -316,9 +318,11 @@ def check_checkpoint(config, model_dir, mode):
 
 def prepare(config, model_dir, mode):
   """Everything that must pass before a directory is created or a device
-  configured: the config (layout included) and the checkpoint."""
-  config_lib.validate(config)
+  configured: the config (layout included) and the checkpoint. Returns the
+  config's MeshLayout (parsed here, once)."""
+  mesh_layout = config_lib.validate(config)
   check_checkpoint(config, model_dir, mode)
+  return mesh_layout
 
 
 # --- modes --------------------------------------------------------------------
@@ -336,9 +340,9 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
   if mode not in config_lib.MODES:
     raise config_lib.ConfigError(["mode %r is unknown: use --mode=%s" % (
         mode, " | ".join(config_lib.MODES))])
-  prepare(config, model_dir, mode)
+  mesh_layout = prepare(config, model_dir, mode)
   from meshtf.train import workers as workers_lib
-  problems = workers_lib.problems(config, workers, mode)
+  problems = workers_lib.problems(config, mesh_layout, workers, mode)
   if problems:
     raise config_lib.ConfigError(problems)
   if mode == "export":
@@ -347,8 +351,9 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
   prompt_set = (decode_lib.read_prompts(config, model_dir)
                 if mode == "decode" else None)
   if workers is not None and devices is None:
-    devices = workers_lib.start(config, workers)
-  session = Session(config, model_dir, mode, devices, log, workers)
+    devices = workers_lib.start(mesh_layout, workers)
+  session = Session(config, model_dir, mode, devices, log, workers,
+                    mesh_layout)
   if mode == "train":
     return train(session, progress)
   step = session.restore()
@@ -573,7 +578,7 @@ def _print_summary(session, step_fn, start_step, first_step_s):
   from meshtf.train import experiment
   config, log = session.config, session.log
   graph = step_fn.graph
-  counts = experiment.parameter_counts(graph, config)
+  counts = experiment.parameter_counts(graph, session.mesh_layout)
   moe = ""
   if config.moe.num_experts:
     moe = ", MoE %d experts (%s) on feed-forward layers %s" % (

@@ -94,13 +94,12 @@ def _is_address(host):
   return bool(name) and port.isdigit()
 
 
-def problems(config, workers, mode):
-  """One-line problems of running config as `mode` on these workers (none
-  for one process): the backend, the mesh's split over the workers and the
-  mode."""
+def problems(config, mesh_layout, workers, mode):
+  """One-line problems of running config (with its MeshLayout) as `mode`
+  on these workers (none for one process): the backend, the mesh's split
+  over the workers and the mode."""
   if workers is None or workers.num_workers == 1:
     return []
-  from meshtf import shapes
   out = []
   n = workers.num_workers
   if mode not in MODES:
@@ -110,10 +109,7 @@ def problems(config, workers, mode):
   if config.backend != "simd":
     out.append("backend=%r cannot span %d worker processes: use "
                "--backend=simd" % (config.backend, n))
-  try:
-    size = shapes.convert_to_shape(str(config.mesh_shape)).size
-  except (ValueError, TypeError):
-    return out  # validate() reports the mesh shape
+  size = mesh_layout.size
   if size % n:
     out.append("mesh_shape %r has %d processors, which %d workers cannot "
                "share equally: use a mesh whose size is a multiple of %d" % (
@@ -121,13 +117,12 @@ def problems(config, workers, mode):
   return out
 
 
-def start(config, workers):
+def start(mesh_layout, workers):
   """Joins the cluster (before any other TensorFlow work in the process)
   and returns the mesh's devices, worker-major."""
   import meshtf as mtf
-  from meshtf import shapes
   from meshtf.lowering import cluster
-  size = shapes.convert_to_shape(str(config.mesh_shape)).size
+  size = mesh_layout.size
   os.environ["TF_CONFIG"] = cluster.tf_config(workers.hosts, workers.index)
   info = mtf.start_multi_worker(num_virtual_cpus=size // workers.num_workers)
   return info.devices

@@ -129,7 +129,7 @@ def test_cli_trains_and_prints_collectives():
     (["--layout=batch:all;hidden:all", "--mesh_shape=all:8"], "'hidden'"),
     (["--layout=batch:rowz"], "'rowz'"),
     (["--mesh_shape=rows:3;cols:4"], "12"),
-    (["--mesh_shape=rows:2;cols:4", "--batch_size=15"], "'batch'"),
+    (["--mesh_shape=rows:2;cols:4", "--layout=batch:rows;io:rows"], "'io'"),
     (["--mesh_shape=rows:2;cols"], "name:size"),
 ])
 def test_cli_bad_input_one_line_nonzero(flags, needle):

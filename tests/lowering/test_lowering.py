@@ -124,7 +124,8 @@ def test_collective_summary_text():
   assert float(lowering.export_to_tf_tensor(s)) == 64.0
   stats = lowering.collective_stats()
   assert stats == [{"kind": "allreduce_sum", "mesh_axes": ("rows", "cols"),
-                    "group_size": 8, "elements_per_device": 1, "count": 1}]
+                    "group_size": 8, "elements_per_device": 1,
+                    "bytes_per_device": 7, "count": 1}]  # 2 * 7/8 * 4 bytes
   assert "allreduce_sum" in lowering.collective_summary()
 
 

@@ -489,7 +489,16 @@ def test_masked_local_attention_1d_variables_and_errors():
       "masked_local_attention_1d/" + n for n in "qkvo"]
   with pytest.raises(ValueError, match="length_per_split=5 must divide"):
     layers.masked_local_attention_1d(x, d_kv, heads, length_per_split=5)
-  # One block of 16 (the default length_per_split) cannot be split in two.
-  with pytest.raises(mtf.LayoutError, match="'length' has size 1"):
-    mtf.Lowering(graph, {mesh: harness.make_impl("placement", "all:2",
-                                                 "length:all")})
+
+
+
+def test_masked_local_attention_1d_blocks_split_unevenly():
+  """Blocks of 8: 2 blocks over 4 processors (two hold none) or 3 blocks of
+  the length 12 split unevenly -- the halo comes from a gathered blocks
+  dim; still the numbers of one device."""
+  harness.assert_layout_invariant(
+      _local_attention_model(6, 8),
+      {"x": (LOCAL_X, "batch:2;length:16;d_model:4")},
+      [("all:4", "length:all"), ("a:3", "length:a")],
+      wrt=["x"], reference=lambda x: {"y": _tf_local_attention(
+          x["x"], *LOCAL_W, window=6)}, rtol=1e-4, atol=1e-4)

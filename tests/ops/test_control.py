@@ -388,3 +388,14 @@ def test_serialize_training_step_bad_arguments():
                                      4)
   with pytest.raises(ValueError, match="without the batch dim"):
     microbatch.serialize_training_step({"x": x}, None, mtf.Dimension("b", 6), 2)
+
+
+def test_while_loop_uneven_layouts():
+  """The loop body contracts hidden:8 and h2:4 split 3 ways (stripes of 3
+  and 2, padded): the loop state carries the padded slices, the body's
+  contractions and the gradients' backward loop ignore the padding."""
+  harness.assert_layout_invariant(
+      loop_model, LOOP_INPUTS, [("a:3", "hidden:a"), ("a:3;b:2",
+                                                       "h2:a;batch:b")],
+      wrt=sorted(LOOP_INPUTS), reference=loop_reference, rtol=1e-4,
+      atol=1e-5)

@@ -181,10 +181,9 @@ F3 = "fh:3;fw:3;ci:2;co:4"
     (lambda x, f: conv.conv2d(x, f, [1, 4, 1, 1], "SAME"),
      ["batch:2;h:6;w:8;ci:2", F3], "h:rows",
      ["conv2d", "'h'", "'rows'", "stride 4", "h:6"]),
-    # An output size that the mesh axis does not divide (h:8 / 3 -> 3 on
-    # cols:4): the output tensor's own layout check names it.
+    # Stride 3 SAME on 8 rows: 3 output rows need 9 input rows.
     (lambda x, f: conv.conv2d(x, f, 3, "SAME"), [X, F3], "h:cols",
-     ["conv2d:0", "'h'", "'cols'"]),
+     ["conv2d", "'h'", "'cols'", "stride 3"]),
     # Blocks: the within-block dim must stay whole.
     (lambda x, f: conv.conv2d_with_blocks(x, f, 1, "SAME", h_blocks_dim="hb"),
      ["batch:2;hb:2;h:4;w:8;ci:2", F3], "h:rows",
@@ -226,3 +225,31 @@ def test_bad_arguments():
       mtf.zeros(mesh, "batch:2;h:4;w:4;co:4"), f, 2, "VALID").shape == \
       mtf.convert_to_shape("batch:2;h:9;w:9;ci:2")
   np.testing.assert_equal(conv.conv_size(8, 4, 1, "SAME"), (8, 1, 2))
+
+
+def test_conv_and_pool_on_uneven_splits():
+  """h:10 over 3 processors (stripes of 4, 2 of padding), channels and
+  batch split unevenly: the padding (poisoned by the harness) is zeroed,
+  reads as SAME padding past the image end, and never enters a sum. A
+  stride-2 conv and a 2x2 pool line up with stripes of 4 -> 2; a 5-wide
+  filter's halo of 2 crosses into the padded stripe."""
+  x_np = RA([3, 10, 4, 3], 20)
+  f3, f5 = RA([3, 3, 3, 5], 21), RA([5, 1, 3, 5], 22)
+
+  def model(mesh, t):
+    y = conv.conv2d(t["x"], t["f3"], 1, "SAME")
+    return {"y": y, "max": pool.max_pool2d(y, (2, 2)),
+            "s2": conv.conv2d(t["x"], t["f3"], [1, 2, 1, 1], "SAME"),
+            "wide": conv.conv2d(t["x"], t["f5"], 1, "SAME")}
+
+  def reference(t):
+    y = tf.nn.conv2d(t["x"], t["f3"], 1, "SAME")
+    return {"y": y, "max": tf.nn.max_pool2d(y, 2, 2, "VALID"),
+            "s2": tf.nn.conv2d(t["x"], t["f3"], [1, 2, 1, 1], "SAME"),
+            "wide": tf.nn.conv2d(t["x"], t["f5"], 1, "SAME")}
+  harness.assert_layout_invariant(
+      model, {"x": (x_np, "batch:3;h:10;w:4;ci:3"),
+              "f3": (f3, "fh:3;fw:3;ci:3;co:5"),
+              "f5": (f5, "gh:5;gw:1;ci:3;co:5")},
+      [("a:3", "h:a"), (FOUR, "batch:rows;ci:cols"), ("a:3;b:2", "h:a;co:b")],
+      wrt=["x", "f3", "f5"], reference=reference, rtol=1e-4, atol=1e-4)

@@ -182,3 +182,39 @@ def test_all_dims_must_split_over_distinct_axes():
     mtf.Lowering(graph, {mesh: impl})
   assert "'batch'" in str(e.value) and "'hidden'" in str(e.value)
   del y
+
+
+# --- uneven splits ----------------------------------------------------------
+UNEVEN_LAYOUTS = [
+    ("rows:2;cols:4", "io:cols"),                 # io:5 -> stripes of 2
+    ("all:8", "hidden:all"),                      # hidden:7, one stripe empty
+    ("rows:2;cols:4", "batch:rows;io:cols"),      # batch:3 and io:5
+    ("a:3;b:2", "batch:a;hidden:b"),
+]
+
+
+def test_einsum_uneven():
+  """Contractions over an unevenly split dim (padding poisoned with NaN by
+  the harness: every operand's padding is zeroed before the local einsum),
+  and kept uneven dims, forward and gradients."""
+  x = harness.random_array([3, 5], 0)
+  w = harness.random_array([5, 7], 1)
+  s = harness.random_array([5], 2)
+
+  def model(mesh, t):
+    return {"matmul": mtf.einsum([t["x"], t["w"]],
+                                 output_shape="batch:3;hidden:7"),
+            "three": mtf.einsum([t["x"], t["w"], t["s"]],
+                                output_shape="hidden:7;batch:3"),
+            "sum_out": mtf.einsum([t["x"]], output_shape="batch:3"),
+            "outer": mtf.einsum([t["x"], t["s"]],
+                                output_shape="batch:3;io:5")}
+  harness.assert_layout_invariant(
+      model, {"x": (x, "batch:3;io:5"), "w": (w, "io:5;hidden:7"),
+              "s": (s, "io:5")},
+      UNEVEN_LAYOUTS, wrt=["x", "w", "s"],
+      reference=lambda t: {
+          "matmul": tf.einsum("bi,ih->bh", t["x"], t["w"]),
+          "three": tf.einsum("bi,ih,i->hb", t["x"], t["w"], t["s"]),
+          "sum_out": tf.reduce_sum(t["x"], 1),
+          "outer": t["x"] * t["s"]})

@@ -483,3 +483,30 @@ def test_every_exported_elementwise_op_is_tested():
   exported = {n for n in elementwise.__all__ if hasattr(mtf, n)}
   assert exported == set(elementwise.__all__)
   assert exported - TESTED == set()
+
+
+# --- uneven splits -----------------------------------------------------------
+def test_elementwise_uneven_broadcast_where_cast():
+  """Elementwise ops are local on padded stripes too: broadcasting by name,
+  where, cast and a linear op after a pending sum, with batch:5 / hidden:3
+  split unevenly."""
+  x = uniform([5, 3], 0)
+  y = uniform([3, 2], 1)
+
+  def model(mesh, t):
+    h = t["x"] * t["y"] + mtf.exp(t["x"])        # [batch, hidden, io]
+    cond = mtf.greater(t["x"], 0.0)
+    return {"h": h,
+            "where": mtf.where(cond, t["x"], -t["x"] * 2.0),
+            "cast": mtf.cast(mtf.cast(t["x"] * 10.0, tf.int32), tf.float32),
+            "bcast": mtf.broadcast(t["y"], "batch:5;hidden:3;io:2") + 1.0}
+  harness.assert_layout_invariant(
+      model, {"x": (x, "batch:5;hidden:3"), "y": (y, "hidden:3;io:2")},
+      [("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows;hidden:cols"),
+       ("a:2", "hidden:a")],
+      wrt=["x", "y"],
+      reference=lambda t: {
+          "h": t["x"][:, :, None] * t["y"][None] + tf.exp(t["x"])[:, :, None],
+          "where": tf.where(t["x"] > 0, t["x"], -t["x"] * 2.0),
+          "cast": tf.cast(tf.cast(t["x"] * 10.0, tf.int32), tf.float32),
+          "bcast": tf.broadcast_to(t["y"], [5, 3, 2]) + 1.0})

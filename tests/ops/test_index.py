@@ -419,3 +419,78 @@ def test_gather_scatter_and_cumsum_errors():
                      r"\[d:4\]"):
     index.scatter_add(mtf.ones(mesh, "batch:8;length:4;d:4"), ids, VOCAB,
                       [D])
+
+
+# --- uneven splits -----------------------------------------------------------
+# vocab:10 and batch:6 do not divide the mesh axes: stripes of ceil(size / n)
+# with padding (poisoned by the harness) on the last processors; with
+# vocab:10 over 8, processors 5..7 hold no vocab entry at all.
+UNEVEN_VOCAB = mtf.Dimension("vocab", 10)
+UNEVEN_LAYOUTS = [
+    ("all:8", "vocab:all"),
+    ("rows:2;cols:4", "batch:rows;vocab:cols"),
+    ("a:3", "batch:a"),
+]
+
+
+def test_index_ops_on_uneven_splits():
+  """one_hot, range, gather (ids past the end read zeros, not padding),
+  scatter_add and cumsum (forward and reverse) along an unevenly split
+  vocab:10 / batch:6."""
+  ids = np.array([[0, 9, 3, 10], [5, 5, 12, 1], [9, 8, 7, 6],
+                  [2, 4, -1, 0], [1, 3, 5, 9], [8, 0, 2, 4]], np.int32)
+  table = harness.random_array([10, 4], 3)
+  x = harness.random_array([6, 10], 4)
+
+  def model(mesh, t):
+    vocab_ids = t["ids"]
+    oh = mtf.one_hot(vocab_ids, UNEVEN_VOCAB, dtype=tf.float32)
+    emb = mtf.gather(t["table"], vocab_ids, UNEVEN_VOCAB)
+    back = mtf.scatter_add(emb, vocab_ids, UNEVEN_VOCAB, t["table"].shape)
+    pos = mtf.cast(mtf.range(mesh, UNEVEN_VOCAB, tf.int32), tf.float32)
+    return {"one_hot": oh, "emb": emb, "back": back,
+            "cumsum": mtf.cumsum(t["x"] * pos, UNEVEN_VOCAB),
+            "cumsum_excl": mtf.cumsum(t["x"], UNEVEN_VOCAB, exclusive=True),
+            "cumsum_rev": index.CumsumOperation(
+                t["x"], UNEVEN_VOCAB, reverse=True).outputs[0]}
+
+  def reference(t):
+    valid = tf.cast((t["ids"] >= 0) & (t["ids"] < 10), tf.float32)
+    emb = tf.gather(t["table"], tf.clip_by_value(t["ids"], 0, 9)) * \
+        valid[..., None]
+    flat = tf.reshape(tf.clip_by_value(t["ids"], 0, 9), [-1])
+    back = tf.math.unsorted_segment_sum(
+        tf.reshape(emb, [-1, 4]) * tf.reshape(valid, [-1, 1]), flat, 10)
+    pos = tf.range(10, dtype=tf.float32)
+    return {"one_hot": tf.one_hot(t["ids"], 10), "emb": emb, "back": back,
+            "cumsum": tf.cumsum(t["x"] * pos, 1),
+            "cumsum_excl": tf.cumsum(t["x"], 1, exclusive=True),
+            "cumsum_rev": tf.cumsum(t["x"], 1, reverse=True)}
+  harness.assert_layout_invariant(
+      model, {"ids": (ids, "batch:6;length:4"), "table": (table, "vocab:10;d:4"),
+              "x": (x, "batch:6;vocab:10")},
+      UNEVEN_LAYOUTS, wrt=["table", "x"], reference=reference)
+
+
+def test_selection_ops_on_uneven_splits():
+  """top_k (k above a stripe's size), argmax, sort and sampling along an
+  unevenly split vocab:10: the padding never wins."""
+  x = distinct([6, 10], 11) - 2.0   # all negative: padding zeros would win
+
+  def model(mesh, t):
+    values, indices = topk.top_k(t["x"], UNEVEN_VOCAB, mtf.Dimension("k", 3))
+    return {"values": values, "indices": indices,
+            "argmax": mtf.argmax(t["x"], UNEVEN_VOCAB),
+            "sorted": topk.sort(t["x"], UNEVEN_VOCAB, descending=True),
+            "sample": topk.sample_with_temperature(t["x"], UNEVEN_VOCAB, 0.5)}
+
+  def reference(t):
+    values, indices = tf.math.top_k(t["x"], 3)
+    return {"values": values, "indices": indices,
+            "argmax": tf.argmax(t["x"], 1, output_type=tf.int32),
+            "sorted": tf.sort(t["x"], 1, "DESCENDING"),
+            "sample": gumbel_reference(t["x"], 0.5, "sample_with_temperature")}
+  harness.assert_layout_invariant(
+      model, {"x": (x, "batch:6;vocab:10")},
+      UNEVEN_LAYOUTS + [("rows:2;cols:4", "vocab:rows;k:cols")], wrt=["x"],
+      reference=reference)

@@ -297,3 +297,21 @@ def test_every_exported_initializer_is_tested():
   for n in exported:
     assert getattr(mtf, n).__name__ in tested, n
   assert mtf.initializers is initializers
+
+
+@pytest.mark.parametrize("name", ["constant_array", "random_normal",
+                                  "variance_scaling_fan_in", "ones"])
+def test_initial_value_uneven_layouts(name):
+  """io:7 / hidden:10 split unevenly: the padded slices start from the same
+  numbers (the constant array is cut past its end, the random ones by
+  global index)."""
+  init = INITIALIZERS[name]
+  if name == "constant_array":
+    init = mtf.constant_initializer(CONST[:7, :10])
+  model = variable_model(init, shape="io:7;hidden:10")
+  base = harness.run_model(model, {}, "all:1", "")
+  runs = harness.assert_layout_invariant(
+      model, {}, [("all:8", "hidden:all"), ("rows:2;cols:4",
+                                            "io:cols;hidden:rows")])
+  for run in runs.values():
+    np.testing.assert_array_equal(run.outputs["w"], base.outputs["w"])

@@ -234,3 +234,33 @@ def test_every_exported_io_op_is_tested():
   tested = {n for n in CREATED if hasattr(mtf, n)} | {"constant",
                                                         "host_rows"}
   assert exported and exported - tested == set()
+
+
+def test_uneven_import_export_slices_and_rows():
+  """batch:5 / hidden:3 split unevenly: imports pad the slices (the padding
+  is poisoned by the harness), exports cut it; import_slices asks slice_fn
+  only for the real positions (never for an empty slice), host_rows lists
+  the real rows."""
+  x = harness.random_array([5, 3], 9)
+  calls = []
+
+  def slice_fn(begin, size):
+    calls.append((tuple(begin), tuple(size)))
+    return x[begin[0]:begin[0] + size[0], begin[1]:begin[1] + size[1]]
+
+  def model(mesh, inputs):
+    return {"imported": inputs["x"] * 2.0,
+            "sliced": mtf.import_slices(mesh, "batch:5;hidden:3", slice_fn),
+            "constant": mtf.constant(mesh, x, "batch:5;hidden:3") + 0.0,
+            "rows": mtf.import_rows(mesh, x, "batch:5;hidden:3",
+                                    list(range(5))) * 1.0}
+  harness.assert_layout_invariant(
+      model, {"x": (x, "batch:5;hidden:3")},
+      [("rows:2;cols:4", "batch:rows;hidden:cols"), ("all:8", "batch:all")],
+      wrt=["x"], reference=lambda t: {"imported": t["x"] * 2.0,
+                                      "sliced": x, "constant": x, "rows": x})
+  # rows:2;cols:4 -> batch stripes of 3 ([0, 3), [3, 5)), hidden stripes of
+  # 1 (hidden:3 over 4: the last column processor holds none).
+  assert ((3, 1), (2, 1)) in set(calls) and all(0 not in s for _, s in calls)
+  impl = harness.make_impl("simd", "all:8", "batch:all")
+  assert mtf.host_rows(impl, "batch:5;hidden:3") == list(range(5))

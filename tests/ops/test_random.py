@@ -38,3 +38,19 @@ def test_random_ops_statistics_and_seeds():
   n, n2 = run.outputs["n"], run.outputs["n2"]
   assert abs(n.mean() - 1.0) < 0.01 and abs(n.std() - 0.5) < 0.01
   assert not np.array_equal(n, n2)
+
+
+def test_random_ops_uneven_layouts():
+  """batch:5 / io:7 split unevenly: each processor draws by global index,
+  so the padded stripes hold the same numbers as one device, bit for bit."""
+  inputs = {"x": (harness.random_array([5, 7], 0), "batch:5;io:7")}
+
+  def uneven(mesh, inputs):
+    x = inputs["x"]
+    return {"u": mtf.random_uniform(mesh, x.shape, -2.0, 3.0, seed=1),
+            "n": mtf.random_normal(mesh, "io:7;batch:5", 1.0, 0.5),
+            "d": mtf.dropout(x, rate=0.25, seed=7)}
+  harness.assert_layout_invariant(
+      uneven, inputs, [("all:8", "io:all"), ("rows:2;cols:4",
+                                            "batch:rows;io:cols")],
+      wrt=["x"], rtol=0, atol=0)

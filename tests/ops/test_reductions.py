@@ -260,3 +260,53 @@ def test_nth_element_errors():
     reductions.nth_smallest_element(x, 0, "depth")
   with pytest.raises(ValueError, match="reduce_first: reduced_dim 'depth'"):
     reductions.reduce_first(x, "depth")
+
+
+# --- uneven splits --------------------------------------------------------------
+# batch:5 and vocab:7 split unevenly (stripes padded with poison by the
+# harness; on all:8 one processor holds no vocab entry, on a:3 one holds one
+# batch row): every reduction replaces the padding by its identity.
+UNEVEN = "batch:5;vocab:7"
+UNEVEN_LAYOUTS = [
+    ("all:8", "vocab:all"),
+    ("rows:2;cols:4", "batch:rows;vocab:cols"),
+    ("a:3", "batch:a"),
+]
+
+
+@pytest.mark.parametrize("name", sorted(REDUCE))
+def test_reduce_uneven(name):
+  mtf_fn, tf_fn = REDUCE[name]
+  x = harness.random_array([5, 7], 21, low=-3.0, high=-1.0)  # all negative
+  harness.assert_layout_invariant(
+      lambda mesh, t: {"vocab": mtf_fn(t["x"], reduced_dim="vocab"),
+                       "batch": mtf_fn(t["x"], reduced_dim="batch"),
+                       "all": mtf_fn(t["x"])},
+      {"x": (x, UNEVEN)}, UNEVEN_LAYOUTS, wrt=["x"],
+      reference=lambda t: {"vocab": tf_fn(t["x"], axis=1),
+                           "batch": tf_fn(t["x"], axis=0),
+                           "all": tf_fn(t["x"])})
+
+
+def test_softmax_and_integer_bool_reductions_uneven():
+  x = harness.random_array([5, 7], 22, low=-2.0, high=2.0)
+  ints = np.random.RandomState(3).randint(-9, 9, [5, 7]).astype(np.int32)
+  harness.assert_layout_invariant(
+      lambda mesh, t: {
+          "softmax": mtf.softmax(t["x"], "vocab"),
+          "log_softmax": mtf.log_softmax(t["x"], "vocab"),
+          "int_max": mtf.reduce_max(t["i"], reduced_dim="vocab"),
+          "int_min": mtf.reduce_min(t["i"], reduced_dim="batch"),
+          "int_sum": mtf.reduce_sum(t["i"]),
+          "any": mtf.reduce_any(mtf.greater(t["i"], 7), reduced_dim="vocab"),
+          "all": mtf.reduce_all(mtf.greater(t["i"], -8),
+                                reduced_dim="vocab")},
+      {"x": (x, UNEVEN), "i": (ints, UNEVEN)}, UNEVEN_LAYOUTS, wrt=["x"],
+      reference=lambda t: {
+          "softmax": tf.nn.softmax(t["x"]),
+          "log_softmax": tf.nn.log_softmax(t["x"]),
+          "int_max": tf.reduce_max(t["i"], 1),
+          "int_min": tf.reduce_min(t["i"], 0),
+          "int_sum": tf.reduce_sum(t["i"]),
+          "any": tf.reduce_any(t["i"] > 7, 1),
+          "all": tf.reduce_all(t["i"] > -8, 1)})

@@ -379,3 +379,85 @@ def test_anonymous_shape_and_combined_dimension():
   assert shape_ops.combined_dimension([("x", 3)]) == mtf.Dimension("x", 3)
   with pytest.raises(ValueError, match="combined_dimension: dims is empty"):
     shape_ops.combined_dimension([])
+
+
+# --- uneven splits -------------------------------------------------------------
+FACTORIZATIONS_60 = _factorizations(60, 4)
+
+
+@st.composite
+def uneven_reshape_problems(draw):
+  """(old shape, new shape, mesh, layout) of 60 elements, where the rules
+  may split any dim over any axis: most splits are uneven (padded)."""
+  old = draw(st.sampled_from(FACTORIZATIONS_60))
+  new = draw(st.sampled_from(FACTORIZATIONS_60))
+  old_names = ["d%d" % i for i in range(len(old))]
+  new_names = draw(st.permutations(old_names + ["e%d" % i for i in
+                                                range(len(new))]))[:len(new)]
+  mesh_text = draw(st.sampled_from(FUZZ_MESHES + ["all:7", "a:3;b:2"]))
+  mesh = mtf.convert_to_shape(mesh_text)
+  rules = {}
+  for n in sorted(set(old_names + new_names)):
+    axis = draw(st.sampled_from([None] + mesh.dimension_names))
+    if axis is not None and not any(
+        n in names and rules.get(m) == axis
+        for names in (old_names, new_names) for m in names):
+      rules[n] = axis
+  assume(rules)
+  old_shape = mtf.Shape(list(zip(old_names, old)))
+  new_shape = mtf.Shape(list(zip(new_names, new)))
+  layout = ";".join("%s:%s" % kv for kv in sorted(rules.items()))
+  return old_shape, new_shape, mesh_text, layout
+
+
+def _forward_stats(old_shape, new_shape, mesh_shape, layout, backend):
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = np.arange(old_shape.size, dtype=np.float32).reshape(
+      old_shape.to_integer_list)
+  y = mtf.reshape(mtf.import_tf_tensor(mesh, tf.constant(x), old_shape),
+                  new_shape)
+  lowering = mtf.Lowering(graph, {mesh: harness.make_impl(
+      backend, mesh_shape, layout)}, outputs=[y])
+  np.testing.assert_array_equal(lowering.export_to_tf_tensor(y).numpy(),
+                                x.reshape(new_shape.to_integer_list))
+  return lowering.collective_stats()
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(uneven_reshape_problems(), st.sampled_from(["placement", "simd"]))
+def test_reshape_any_uneven_layout_and_its_plan(problem, backend):
+  """Random reshapes of 60 elements under layouts that split unevenly:
+  row-major values and gradients (padding poisoned), and the collectives
+  the reshape emits are the MeshLayout's plan, byte for byte."""
+  old_shape, new_shape, mesh, layout = problem
+  x = np.arange(60, dtype=np.float32).reshape(old_shape.to_integer_list)
+  run = harness.run_model(lambda m, t: {"y": mtf.reshape(t["x"], new_shape)},
+                          {"x": (x, old_shape)}, mesh, layout, backend,
+                          wrt=["x"])
+  np.testing.assert_array_equal(run.outputs["y"],
+                                x.reshape(new_shape.to_integer_list))
+  cotangent = harness.random_array(new_shape.to_integer_list, 1234)
+  np.testing.assert_array_equal(run.grads["x"],
+                                cotangent.reshape(old_shape.to_integer_list))
+  plan = mtf.MeshLayout(mesh, layout).relayout_plan(old_shape, new_shape)
+  stats = _forward_stats(old_shape, new_shape, mesh, layout, backend)
+  assert [(s["kind"], s["elements_per_device"], s["bytes_per_device"])
+          for s in stats for _ in range(s["count"])] == [
+              (s.kind, s.elements_per_device, s.bytes_per_device)
+              for s in plan.collectives]
+
+
+def test_uneven_reshape_costs_what_the_plan_says():
+  """vocab:250 on 4 processors -> [a:2, v2:125] on the same axis: gather
+  (padding cut), local reshape, local split; the bytes are (n-1) x the
+  padded slice."""
+  old, new = (mtf.convert_to_shape("vocab:250"),
+              mtf.convert_to_shape("a:2;v2:125"))
+  plan = mtf.MeshLayout("x:4", "vocab:x;v2:x").relayout_plan(old, new)
+  assert [s.kind for s in plan.steps] == ["allconcat", "reshape", "allsplit"]
+  assert plan.bytes_per_device == 3 * 63 * 4
+  for backend in ("placement", "simd"):
+    stats = _forward_stats(old, new, "x:4", "vocab:x;v2:x", backend)
+    assert [(s["kind"], s["bytes_per_device"]) for s in stats] == [
+        ("allconcat", 3 * 63 * 4)]

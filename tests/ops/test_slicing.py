@@ -59,12 +59,22 @@ def test_slice_alias_and_unsplit_dim_is_local():
   assert forward_kinds(model, inputs, "all:8", "length:all") == []
 
 
-def test_slice_size_not_divisible_raises_layout_error():
+def test_slice_pad_split_to_sizes_the_axis_does_not_divide():
+  """The issue's examples: slice to 7, pad to 21, split into 6 + 10 of a
+  length split 8 ways (uneven: padded stripes), and back."""
   def model(mesh, t):
-    return {"y": slicing.mtf_slice(t["x"], 0, 6, "length")}
-  with pytest.raises(mtf.LayoutError, match="does not divide"):
-    harness.run_model(model, {"x": (arr(4, 16), "batch:4;length:16")},
-                      "all:8", "length:all")
+    x = t["x"]
+    a = slicing.mtf_slice(x, 3, 7, "length")
+    b = slicing.pad(a, [4, 10], "length")
+    c, d = slicing.split(x, "length", [6, 10])
+    return {"a": a, "b": b, "c": c, "d": slicing.concat([d, c], "length")}
+  check(model, {"x": (arr(4, 16), "batch:4;length:16")},
+        lambda t: {"a": t["x"][:, 3:10],
+                   "b": tf.pad(t["x"][:, 3:10], [[0, 0], [4, 10]]),
+                   "c": t["x"][:, :6],
+                   "d": tf.concat([t["x"][:, 6:], t["x"][:, :6]], 1)},
+        [("all:8", "length:all"), ("rows:2;cols:4", "batch:rows;length:cols"),
+         ("a:3", "length:a")])
 
 
 def test_slice_bad_range():

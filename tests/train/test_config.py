@@ -6,9 +6,10 @@
 - Each kind of bad input gives one line per problem that names the key,
   the sizes and the fix: unknown keys (with a suggestion), malformed
   mesh_shape / layout, a layout naming a missing mesh axis, a mesh whose
-  size is not the device count, a layout splitting a dim unevenly (the
-  tensor, dim, axis and sizes are named; checked on the symbolic graph
-  before any TensorFlow work), missing data files, bad MoE layer lists.
+  size is not the device count, a layout splitting two dims of a tensor
+  over one mesh axis (the tensor, dims, axis and sizes are named; checked
+  on the symbolic graph before any TensorFlow work; uneven splits are
+  valid), missing data files, bad MoE layer lists.
 - The papers' configurations (Mesh-TensorFlow Tables 2 and 3, GShard
   Table 1, GSPMD's dense Transformer) load and build symbolically with
   gradients and optimizer; every tensor's layout is valid on their meshes,
@@ -123,23 +124,27 @@ def test_bad_values_give_one_line_with_the_fix(changes, expected):
     assert text in lines[0], lines[0]
 
 
-def test_uneven_split_names_tensor_dim_axis_sizes_and_fix():
+def test_uneven_splits_validate_and_unplaceable_layouts_name_everything():
   c = config_lib.default_config()
-  c.num_heads = 3            # heads:model with model = 2
-  line, = problems(c)
-  for text in ("heads:3", "dimension 'heads' has size 3", "mesh axis 'model' "
-               "(size 2)", "Make 'heads' a multiple of 2", "q"):
-    assert text in line, line
-  # Two dims of one tensor on one axis: also caught before lowering.
+  c.num_heads = 3            # heads:model with model = 2: padded to 4
+  c.vocab_size = 250         # vocab is not split here; d_ff is
+  c.d_ff = 100
+  config_lib.validate(c)
+  # Two dims of one tensor on one axis: caught before lowering.
   c = config_lib.default_config()
   c.layout = "batch:data;d_model:data"
   line, = problems(c)
-  assert "'batch'" in line and "'d_model'" in line and "'data'" in line
-  # No device was needed: a 512-processor mesh is checked the same way.
+  for text in ("'batch'", "'d_model'", "'data'", "(size 4)",
+               "map one of 'batch', 'd_model' to another axis"):
+    assert text in line, line
+  # No device was needed: a 512-processor mesh is checked the same way, and
+  # an uneven batch (100 rows over 16 mesh rows) is fine.
   c = load("mtf_lm_table2").get_config("4.9B")
-  c.batch_size = 100          # 100 rows over 16 mesh rows
+  c.batch_size = 100
+  config_lib.validate(c)
+  c.layout += ";length:rows"
   line, = problems(c)
-  assert "'batch' has size 100" in line and "'rows' (size 16)" in line
+  assert "'batch'" in line and "'length'" in line and "'rows' (size 16)" in line
 
 
 def test_several_problems_are_all_reported():
@@ -157,11 +162,11 @@ def test_several_problems_are_all_reported():
 def _build(config):
   """Symbolic training graph (forward, gradients, optimizer); checks every
   tensor's layout; returns the parameter counts."""
-  graph, loss = experiment.build_training_graph(config)
-  experiment.check_layouts(graph, mtf.convert_to_shape(config.mesh_shape),
-                           mtf.convert_to_layout_rules(config.layout))
+  layout = config_lib.mesh_layout(config)
+  graph, loss = experiment.build_training_graph(config, layout)
+  experiment.check_layouts(graph, layout)
   assert loss.shape.ndims == 0
-  return experiment.parameter_counts(graph, config)
+  return experiment.parameter_counts(graph, layout)
 
 
 def test_mesh_tensorflow_table_3_translation_sizes():

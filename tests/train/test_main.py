@@ -20,7 +20,7 @@ on 4 devices with a data + model + expert parallel layout:
 - MULTI-WORKER: two binary processes form the mesh, each reading only its
   rows of every batch; losses and checkpoint equal the one-process run's;
 - bad input (unknown key, malformed mesh shape / layout, device count,
-  uneven split, missing data file, eval without a checkpoint), each
+  two dims on one mesh axis, missing data file, eval without a checkpoint), each
   through the real binary: one line on stderr, exit code 2, no traceback,
   model_dir never created.
 """
@@ -322,8 +322,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tiny_path,
        "malformed"),
       (["--num_virtual_cpus=2"], "has 4 processors but num_virtual_cpus is "
        "2: set --num_virtual_cpus=4"),
-      (["--config.num_heads=3"], "dimension 'heads' has size 3, which mesh "
-       "axis 'model' (size 2) does not divide evenly"),
+      (["--layout=batch:data;length:data"], "would split both dimension "
+       "'batch' (size 8) and dimension 'length'"),
       (["--config.task.data_files=" + missing], missing + " does not exist"),
       (["--mode=eval"], "no checkpoint in"),
       (["--worker_hosts=127.0.0.1:7001,127.0.0.1:7002"], "--worker_hosts "

@@ -44,11 +44,12 @@ def test_bad_cluster_is_one_line(hosts, index, environ, expected):
 def test_problems_before_any_tensorflow_work():
   c = config_lib.default_config()       # data:4;model:2, simd
   two = workers.Workers(["a:1", "b:2"], 0)
-  assert workers.problems(c, two, "train") == []
-  assert workers.problems(c, None, "decode") == []
+  layout = config_lib.mesh_layout(c)
+  assert workers.problems(c, layout, two, "train") == []
+  assert workers.problems(c, layout, None, "decode") == []
   three = workers.Workers(["a:1", "b:2", "c:3"], 0)
   c.backend = "placement"
-  got = workers.problems(c, three, "decode")
+  got = workers.problems(c, layout, three, "decode")
   assert len(got) == 3
   assert "--mode=decode runs in one process" in got[0]
   assert "backend='placement' cannot span 3 worker processes" in got[1]

@@ -1,0 +1,331 @@
+"""MeshLayout: the whole mesh geometry and every tensor's layout, in one pure
+object (no TensorFlow), from the --layout flag to the collectives.
+
+A MeshLayout is (mesh shape, layout rules). It answers every layout question
+the lowering, the backends, the binary's preflight and the cost report ask:
+which mesh axes split a dimension, the mesh axes a contraction reduces over,
+processor number <-> coordinates, processor groups, each processor's slice
+(begin, padded size, valid size), and the relayout plan between two layouts
+of a tensor, as data (meshtf/layouts/relayout.py). Backends execute plans and
+own only the TensorFlow code.
+
+Uneven splits (GSPMD section 4.1): a dimension of size S split n ways gives
+every processor a slice of ceil(S / n) positions (the same static shape on
+every processor, which one SPMD program needs); processor i holds positions
+[i * c, i * c + c) of the dimension padded to n * c, so the padding sits at
+the end, on the last processors. The padding may hold anything: ops that
+would read it mask it on demand (reductions with their identity,
+contractions with zero, selections with -inf), and exports, checkpoints and
+gathers strip it. So
+
+    vocab:250 split 4 ways -> slices of 63; processor 3 holds 61 valid
+                               positions and 2 of padding (252 - 250)
+    heads:6 split 4 ways   -> slices of 2; processor 3 holds none
+
+Example:
+  >>> layout = MeshLayout("rows:2;cols:4", "batch:rows;vocab:cols")
+  >>> layout.slice_shape("batch:8;vocab:250")
+  [4, 63]
+  >>> layout.slice_begin("batch:8;vocab:250", 7)
+  [4, 189]
+  >>> layout.valid_slice_shape("batch:8;vocab:250", 7)
+  [4, 61]
+  >>> layout.processor_groups([1])[0]
+  [0, 1, 2, 3]
+"""
+import collections
+
+import numpy as np
+
+from meshtf import shapes
+from meshtf.layouts import errors
+from meshtf.layouts import layout_rules as rules_lib
+from meshtf.layouts import tensor_layouts as tensor_layouts_lib
+
+
+class DimSplit(collections.namedtuple(
+    "DimSplit", ["tensor_axis", "name", "size", "mesh_axes", "num_shards",
+                 "shard_size"])):
+  """How one dimension of one tensor is split: over `mesh_axes` (empty:
+  replicated) into num_shards slices of shard_size positions each.
+
+  Example:
+    >>> s = MeshLayout("x:4", "vocab:x").dim_split("vocab:250", "vocab")
+    >>> s.shard_size, s.padded_size, s.padding, s.valid_size(3)
+    (63, 252, 2, 61)
+  """
+
+  @property
+  def is_split(self):
+    return self.num_shards > 1
+
+  @property
+  def padded_size(self):
+    return self.num_shards * self.shard_size
+
+  @property
+  def padding(self):
+    return self.padded_size - self.size
+
+  @property
+  def is_even(self):
+    return self.padding == 0
+
+  @property
+  def mesh_axis(self):
+    """The one mesh axis of a split dim (None if replicated)."""
+    return self.mesh_axes[0] if self.mesh_axes else None
+
+  def begin(self, shard):
+    return shard * self.shard_size
+
+  def valid_size(self, shard):
+    """Positions of shard `shard` that hold data (the rest is padding)."""
+    return max(0, min(self.shard_size, self.size - shard * self.shard_size))
+
+
+def shard_size(size, num_shards):
+  """ceil(size / num_shards): the slice size of a dim split num_shards ways.
+
+  Example:
+    >>> shard_size(250, 4), shard_size(8, 4)
+    (63, 2)
+  """
+  return -(-size // num_shards)
+
+
+class MeshLayout(object):
+  """A mesh shape and its layout rules: the geometry of every tensor.
+
+  Args:
+    mesh_shape: a Shape or string, e.g. "rows:2;cols:4".
+    layout_rules: LayoutRules, or a string / dict / pair list for
+      convert_to_layout_rules, e.g. "batch:rows;hidden:cols".
+
+  Raises LayoutError (naming the rule, the axis and the fix) when a rule
+  names an axis the mesh lacks or the mesh has a size below 1.
+  """
+
+  def __init__(self, mesh_shape, layout_rules=None):
+    self._mesh = shapes.convert_to_shape(mesh_shape)
+    for d in self._mesh.dims:
+      if d.size < 1:
+        raise errors.LayoutError(
+            "Mesh %s: axis %r has size %d; every mesh axis needs a size of "
+            "at least 1 (e.g. 'data:4;model:2')"
+            % (errors.describe_mesh(self._mesh), d.name, d.size))
+    self._rules = rules_lib.convert_to_layout_rules(layout_rules)
+    rules_lib.validate_layout_rules(self._rules, self._mesh)
+    self._axis_of_name = {d.name: i for i, d in enumerate(self._mesh.dims)}
+    self._layouts = {}
+    self._groups = {}
+
+  @classmethod
+  def convert(cls, mesh_shape, layout_rules=None):
+    """mesh_shape itself if it is a MeshLayout (layout_rules must then be
+    None), else MeshLayout(mesh_shape, layout_rules)."""
+    if isinstance(mesh_shape, MeshLayout):
+      if layout_rules is not None and (rules_lib.convert_to_layout_rules(
+          layout_rules) != mesh_shape.layout_rules):
+        raise ValueError("Pass either a MeshLayout or (mesh shape, layout "
+                         "rules), not a MeshLayout and other rules")
+      return mesh_shape
+    return cls(mesh_shape, layout_rules)
+
+  mesh_shape = property(lambda self: self._mesh)
+  shape = mesh_shape  # MeshImpl's name for it
+  layout_rules = property(lambda self: self._rules)
+  ndims = property(lambda self: self._mesh.ndims)
+  size = property(lambda self: self._mesh.size)
+
+  def __repr__(self):
+    return "MeshLayout(%r, %r)" % (
+        ";".join("%s:%d" % (d.name, d.size) for d in self._mesh.dims),
+        ";".join("%s:%s" % p for p in self._rules.pairs))
+
+  def __eq__(self, other):
+    return (isinstance(other, MeshLayout) and self._mesh == other._mesh and
+            self._rules == other._rules)
+
+  def __hash__(self):
+    return hash((self._mesh, self._rules))
+
+  def axis_size(self, mesh_axis):
+    return self._mesh.dims[mesh_axis].size
+
+  def mesh_axis_names(self, mesh_axes):
+    return tuple(self._mesh.dims[a].name for a in mesh_axes)
+
+  # --- tensor layouts ------------------------------------------------------
+  def tensor_layout(self, arg, tensor_name=None):
+    """The validated TensorLayout of a Tensor or Shape (or shape string).
+
+    Raises LayoutError naming the tensor, both dims, the mesh axis and the
+    fix when two dims of one tensor would split over one mesh axis. A dim
+    the axis does not divide is split unevenly (padded), not an error.
+    """
+    shape = arg if isinstance(arg, shapes.Shape) else getattr(arg, "shape",
+                                                              None)
+    if shape is None:
+      shape = shapes.convert_to_shape(arg)
+    layout = self._layouts.get(shape)
+    if layout is None:
+      if tensor_name is None and not isinstance(arg, (shapes.Shape, str)):
+        tensor_name = getattr(arg, "name", None)
+      layout = tensor_layouts_lib.tensor_layout(shape, self._mesh, self._rules,
+                                                tensor_name)
+      self._layouts[shape] = layout
+    return layout
+
+  def tensor_dimension_to_mesh_axis(self, dim):
+    """The mesh axis a rule maps dim to (size-1 axes included), or None."""
+    return self._rules.tensor_dimension_to_mesh_axis(dim, self._mesh)
+
+  def split_axis(self, dim):
+    """The mesh axis of size > 1 that splits dim, or None."""
+    a = self.tensor_dimension_to_mesh_axis(shapes.convert_to_dimension(dim))
+    return a if a is not None and self._mesh.dims[a].size > 1 else None
+
+  def dim_splits(self, shape):
+    """One DimSplit per dim of shape (Tensor, Shape or string)."""
+    shape = _as_shape(shape)
+    layout = self.tensor_layout(shape)
+    out = []
+    for i, (d, a) in enumerate(zip(shape.dims, layout)):
+      axes = () if a is None or self._mesh.dims[a].size == 1 else (a,)
+      n = self._mesh.dims[a].size if axes else 1
+      out.append(DimSplit(i, d.name, d.size, axes, n, shard_size(d.size, n)))
+    return out
+
+  def dim_split(self, shape, dim):
+    """The DimSplit of one dim (a name, Dimension or tensor axis index)."""
+    shape = _as_shape(shape)
+    if isinstance(dim, int):
+      return self.dim_splits(shape)[dim]
+    name = dim if isinstance(dim, str) else shapes.convert_to_dimension(
+        dim).name
+    return self.dim_splits(shape)[shape.dimension_names.index(name)]
+
+  def uneven_dims(self, shape):
+    """The DimSplits of shape's dims that carry padding."""
+    return [s for s in self.dim_splits(shape) if not s.is_even]
+
+  def is_uneven(self, shape):
+    return bool(self.uneven_dims(shape))
+
+  def slice_shape(self, shape):
+    """Per dim, the (padded) size of every processor's slice."""
+    return [s.shard_size for s in self.dim_splits(shape)]
+
+  def slice_size(self, shape):
+    return int(np.prod(self.slice_shape(shape), dtype=np.int64))
+
+  def slice_begin(self, shape, pnum):
+    """Per dim, the global index where processor pnum's slice starts."""
+    coords = self.pnum_to_processor_coordinates(pnum)
+    return [s.begin(coords[s.mesh_axis]) if s.is_split else 0
+            for s in self.dim_splits(shape)]
+
+  def valid_slice_shape(self, shape, pnum):
+    """Per dim, how many positions of pnum's slice hold data (the rest of
+    the slice is padding)."""
+    coords = self.pnum_to_processor_coordinates(pnum)
+    return [s.valid_size(coords[s.mesh_axis]) if s.is_split else s.size
+            for s in self.dim_splits(shape)]
+
+  def padding_report(self, shape):
+    """How much an uneven layout of shape costs: a dict with the global
+    padded element count, the real one and the fraction of every slice
+    that is padding.
+
+    Example:
+      >>> MeshLayout("x:4", "vocab:x").padding_report("vocab:250")
+      {'elements': 250, 'padded_elements': 252, 'padding_fraction': 0.0079}
+    """
+    shape = _as_shape(shape)
+    padded = int(np.prod([s.padded_size for s in self.dim_splits(shape)],
+                         dtype=np.int64))
+    real = shape.size
+    return {"elements": real, "padded_elements": padded,
+            "padding_fraction": round(1.0 - real / padded, 4) if padded
+                                else 0.0}
+
+  def reduced_mesh_axes(self, input_shape, output_shape):
+    """Sorted mesh axes (of size > 1) of the dims of input_shape that
+    output_shape lacks: a contraction's partial sums add up over them.
+
+    Example:
+      >>> MeshLayout("x:4", "io:x").reduced_mesh_axes("b:2;io:8", "b:2")
+      [0]
+    """
+    input_shape, output_shape = _as_shape(input_shape), _as_shape(
+        output_shape)
+    kept = set(output_shape.dimension_names)
+    axes = {self.split_axis(d) for d in input_shape.dims if d.name not in kept}
+    return sorted(a for a in axes if a is not None)
+
+  # --- processors ------------------------------------------------------------
+  def pnum_to_processor_coordinates(self, pnum):
+    """Row-major coordinates of processor pnum.
+
+    Example:
+      >>> MeshLayout("rows:2;cols:4").pnum_to_processor_coordinates(6)
+      [1, 2]
+    """
+    coords = []
+    for d in reversed(self._mesh.dims):
+      coords.append(pnum % d.size)
+      pnum //= d.size
+    return list(reversed(coords))
+
+  def processor_coordinates_to_pnum(self, coords):
+    pnum = 0
+    for c, d in zip(coords, self._mesh.dims):
+      pnum = pnum * d.size + c
+    return pnum
+
+  def processor_group_array(self, mesh_axes):
+    """[num_groups, group_size] int array: the processors that differ only
+    along mesh_axes, each group ordered by its coordinates along those axes
+    (row-major), the groups by their coordinates along the other axes."""
+    key = tuple(sorted(mesh_axes))
+    if key not in self._groups:
+      others = [a for a in range(self.ndims) if a not in key]
+      pnums = np.arange(self.size).reshape(self._mesh.to_integer_list or [1])
+      if self.ndims:
+        pnums = np.transpose(pnums, others + list(key))
+      group = int(np.prod([self._mesh.dims[a].size for a in key]))
+      self._groups[key] = pnums.reshape([-1, group])
+    return self._groups[key]
+
+  def processor_groups(self, mesh_axes):
+    """processor_group_array as nested lists."""
+    return self.processor_group_array(mesh_axes).tolist()
+
+  # --- whole graphs and relayouts ------------------------------------------
+  def validate_operations(self, operations):
+    """Computes every output's layout and runs each operation's own layout
+    check (Operation.validate_layout); raises the first LayoutError. The
+    Lowering and the training binary's preflight both call this, so they
+    accept and refuse exactly the same layouts."""
+    for op in operations:
+      for t in op.outputs:
+        self.tensor_layout(t)
+      op.validate_layout(self)
+
+  def relayout_plan(self, old_shape, new_shape, dtype_size=4):
+    """The steps that turn a laid-out tensor of old_shape into new_shape
+    (a reshape, possibly changing which dims the mesh axes split), as a
+    RelayoutPlan (meshtf/layouts/relayout.py)."""
+    from meshtf.layouts import relayout
+    return relayout.reshape_plan(self, _as_shape(old_shape),
+                                 _as_shape(new_shape), dtype_size)
+
+
+def _as_shape(x):
+  if isinstance(x, shapes.Shape):
+    return x
+  shape = getattr(x, "shape", None)
+  if isinstance(shape, shapes.Shape):
+    return shape
+  return shapes.convert_to_shape(x)
