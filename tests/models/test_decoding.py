@@ -5,8 +5,9 @@ The cached decoder (one mtf.while_loop, key/value caches updated one
 position per step) is checked against re-running the full model on the
 growing prefix; its tokens (greedy and sampled) are the same on 1 device
 and on virtual devices (8 for SPMD, 4 for placement) under layouts
-splitting the batch, the vocab / heads / d_ff (the paper layout) and
-d_model with the caches' memory_length, on both backends. Beam search is
+splitting the batch, the vocab / heads / d_ff (the paper layout, and
+unevenly over 3 processors) and d_model with the caches' memory_length, on
+both backends. Beam search is
 checked against numpy (log probabilities from the full model, GNMT length
 penalty) and against greedy decoding; the encoder-decoder decodes on two
 layouts; a trained tiny LM decodes the copy task.
@@ -20,6 +21,7 @@ import tensorflow as tf
 
 import harness
 import meshtf as mtf
+from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.models import decoding
 from meshtf.models import optimize
 from meshtf.models import training
@@ -64,7 +66,7 @@ def _run(model_fn, arrays, mesh_shape="all:1", layout="",
             for n, (a, s) in sorted(arrays.items())}
   outputs = model_fn(mesh, inputs)
   impl = harness.make_impl(backend, mesh_shape, layout)
-  with harness.graph_optimizer_off():
+  with harness.graph_optimizer_off(), mesh_impl_lib.poison_padding():
     lowering = mtf.Lowering(graph, {mesh: impl}, variable_store=store,
                             outputs=list(outputs.values()))
     out = {n: lowering.export_to_tf_tensor(t).numpy()
@@ -195,9 +197,12 @@ def test_lm_cached_decoding_matches_naive_and_every_layout():
   assert (top3 == ref["mixed"][..., None]).any(-1)[capped].all()
   assert (ref["mixed"] != ref["greedy_nostop"])[sampled].mean() > 0.2
   assert (ref["mixed"][0] != ref["mixed"][4]).any()
-  # The same tokens on every layout and backend.
-  _check_layouts(decode, arrays, {"mixed": ref["mixed"]}, LAYOUTS,
-                 PLACEMENT_LAYOUTS)
+  # The same tokens on every layout and backend, uneven splits included
+  # (vocab:16, heads:4 and d_ff over 3: padded stripes, one processor
+  # without a head).
+  uneven = ("a:3", "vocab:a;heads:a;d_ff:a")
+  _check_layouts(decode, arrays, {"mixed": ref["mixed"]}, LAYOUTS + [uneven],
+                 PLACEMENT_LAYOUTS + [uneven])
 
 
 def test_sample_logits_draws_fresh_noise_per_step():

@@ -502,3 +502,48 @@ def test_masked_local_attention_1d_blocks_split_unevenly():
       [("all:4", "length:all"), ("a:3", "length:a")],
       wrt=["x"], reference=lambda x: {"y": _tf_local_attention(
           x["x"], *LOCAL_W, window=6)}, rtol=1e-4, atol=1e-4)
+
+
+# --- uneven splits -------------------------------------------------------------
+def test_layers_on_uneven_splits():
+  """d_model:10, vocab:13, batch:5 and channels:3 split unevenly (padding
+  poisoned by the harness): layer_norm and rms_norm over a padded d_model,
+  the embedding lookup and the cross entropy over a padded vocab, and
+  batch_norm's moments over a padded batch."""
+  x_np = RA([5, 10], 40) * 3.0 + 1.0
+  logits = RA([5, 13], 41) * 4.0
+  ids = np.array([0, 12, 5, 7, 3], np.int32)
+  table = RA([13, 10], 42)
+  c_np = RA([5, 2, 3], 43) * 2.0 + 0.5
+
+  def model(mesh, x):
+    d_model = x["x"].shape.dims[-1]
+    vocab = x["logits"].shape.dims[-1]
+    y, _ = layers.batch_norm(x["c"], True, BN_MOMENTUM, BN_EPS)
+    return {"layer_norm": layers.layer_norm(x["x"], d_model),
+            "rms_norm": layers.rms_norm(x["x"], d_model),
+            "embedding": layers.embedding(
+                x["ids"], vocab, d_model,
+                initializer=mtf.constant_initializer(table)),
+            "xent": layers.softmax_cross_entropy_with_logits(
+                x["logits"], mtf.one_hot(x["ids"], vocab), vocab, z_loss=1e-2),
+            "batch_norm": y}
+
+  def ref(x):
+    v = tf.reduce_mean(tf.square(x["x"]), -1, keepdims=True)
+    lse = tf.reduce_logsumexp(x["logits"], -1)
+    mean, var = tf.nn.moments(x["c"], [0, 1])
+    return {"layer_norm": _tf_layer_norm(x["x"]),
+            "rms_norm": x["x"] * tf.math.rsqrt(v + 1e-6),
+            "embedding": tf.gather(table, x["ids"]),
+            "xent": tf.nn.sparse_softmax_cross_entropy_with_logits(
+                x["ids"], x["logits"]) + 1e-2 * tf.square(lse),
+            "batch_norm": tf.nn.batch_normalization(x["c"], mean, var, None,
+                                                    None, BN_EPS)}
+  harness.assert_layout_invariant(
+      model, {"x": (x_np, "batch:5;d_model:10"),
+              "logits": (logits, "batch:5;vocab:13"), "ids": (ids, "batch:5"),
+              "c": (c_np, "batch:5;length:2;channels:3")},
+      [("all:8", "d_model:all"), (TWO, "batch:rows;vocab:cols"),
+       ("a:3", "vocab:a;channels:a"), ("a:3", "batch:a")],
+      wrt=["x", "logits", "c"], reference=ref, rtol=1e-4, atol=1e-4)

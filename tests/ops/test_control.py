@@ -221,9 +221,7 @@ def _scaled_grad_fn(explicit_inputs, all_inputs, forward_operations, outputs,
           mtf.einsum([x, dy], output_shape=w.shape) * 2.0]
 
 
-def test_custom_gradient_recompute_grad_print_and_depend(tmp_path):
-  log = tmp_path / "print.log"
-
+def _grad_model(log):
   def model(mesh, t):
     x, w = t["x"], t["w"]
     y = control.custom_gradient(
@@ -236,18 +234,24 @@ def test_custom_gradient_recompute_grad_print_and_depend(tmp_path):
                       summarize=-1, output_stream="file://%s" % log)
     d = control.depend(p + 1.0, [mtf.reduce_sum(p), w])
     return {"y": y, "z": z, "d": d}
+  return model
 
-  def reference(t):
-    @tf.custom_gradient
-    def scaled(x, w):
-      def grad(dy):
-        return 0.5 * dy @ tf.transpose(w), 2.0 * tf.transpose(x) @ dy
-      return x @ w, grad
-    x, w = t["x"], t["w"]
-    return {"y": scaled(x, w), "d": x * 2.0 + 1.0,
-            "z": tf.tanh(x @ w)[:, :, None] * x[:, None, :]}
-  harness.assert_layout_invariant(model, GRAD_INPUTS, GRAD_LAYOUTS,
-                                  wrt=["x", "w"], reference=reference)
+
+def _grad_reference(t):
+  @tf.custom_gradient
+  def scaled(x, w):
+    def grad(dy):
+      return 0.5 * dy @ tf.transpose(w), 2.0 * tf.transpose(x) @ dy
+    return x @ w, grad
+  x, w = t["x"], t["w"]
+  return {"y": scaled(x, w), "d": x * 2.0 + 1.0,
+          "z": tf.tanh(x @ w)[:, :, None] * x[:, None, :]}
+
+
+def test_custom_gradient_recompute_grad_print_and_depend(tmp_path):
+  log = tmp_path / "print.log"
+  harness.assert_layout_invariant(_grad_model(log), GRAD_INPUTS, GRAD_LAYOUTS,
+                                  wrt=["x", "w"], reference=_grad_reference)
   lines = [l for l in log.read_text().splitlines() if "PRINTED" in l]
   # Once per run (1 device + 3 layouts x 2 backends), on the first
   # processor only, with the full value of the (split) data.
@@ -255,6 +259,20 @@ def test_custom_gradient_recompute_grad_print_and_depend(tmp_path):
   total = "%.4f" % GRAD_INPUTS["x"][0].sum()
   assert all("%.4f" % float(l.split("]", 1)[1].split()[0]) == total
              for l in lines), lines
+
+
+def test_custom_gradient_recompute_grad_print_uneven(tmp_path):
+  """hidden:8 and h2:4 split 3 ways (padded): the custom gradient, the
+  recomputed forward and Print's gathered data ignore the padding."""
+  log = tmp_path / "print.log"
+  harness.assert_layout_invariant(
+      _grad_model(log), GRAD_INPUTS, [("a:3", "hidden:a"),
+                                      ("a:3;b:2", "h2:a;hidden:b")],
+      wrt=["x", "w"], reference=_grad_reference)
+  total = "%.4f" % GRAD_INPUTS["x"][0].sum()
+  lines = [l for l in log.read_text().splitlines() if "PRINTED" in l]
+  assert len(lines) == 5 and all(
+      "%.4f" % float(l.split("]", 1)[1].split()[0]) == total for l in lines)
 
 
 def test_recompute_grad_recomputes_and_matches(monkeypatch):
@@ -376,7 +394,8 @@ def test_serialize_training_step_matches_the_full_batch():
       model, {"x": (arr(16, 4, seed=6), "batch:16;hidden:4"),
               "w": (arr(4, 2, seed=7), "hidden:4;h2:2")},
       [("all:8", "batch:all"), (MESH, "batch:rows;hidden:cols"),
-       (MESH, "batch:cols;h2:rows")], reference=reference)
+       (MESH, "batch:cols;h2:rows"), ("a:3", "batch:a")],
+      reference=reference)
 
 
 def test_serialize_training_step_bad_arguments():

@@ -253,3 +253,30 @@ def test_conv_and_pool_on_uneven_splits():
               "f5": (f5, "gh:5;gw:1;ci:3;co:5")},
       [("a:3", "h:a"), (FOUR, "batch:rows;ci:cols"), ("a:3;b:2", "h:a;co:b")],
       wrt=["x", "f3", "f5"], reference=reference, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_transpose_and_blocks_on_uneven_splits():
+  """conv2d_transpose (stride 2, SAME) with h:5 -> h:10 split 3 ways
+  (stripes of 2 -> 4), and conv2d_with_blocks with 3 blocks of h split 2
+  ways (the second processor holds one block and a padded one)."""
+  x, f = RA([2, 5, 4, 4], 23), RA([3, 3, 2, 4], 24)
+  xb, fb = RA([2, 3, 4, 4, 2], 25), RA([3, 3, 2, 4], 26)
+
+  def model(mesh, t):
+    return {"up": conv.conv2d_transpose(t["x"], t["f"], [1, 2, 1, 1], "SAME"),
+            "blocks": conv.conv2d_with_blocks(t["xb"], t["fb"], 1, "SAME",
+                                              h_blocks_dim="hb")}
+
+  def reference(t):
+    image = tf.reshape(t["xb"], [2, 12, 4, 2])
+    return {"up": tf.nn.conv2d_transpose(t["x"], t["f"], [2, 10, 4, 2],
+                                         [1, 2, 1, 1], "SAME"),
+            "blocks": tf.reshape(tf.nn.conv2d(image, t["fb"], 1, "SAME"),
+                                 [2, 3, 4, 4, 4])}
+  harness.assert_layout_invariant(
+      model, {"x": (x, "batch:2;h:5;w:4;ci:4"),
+              "f": (f, "fh:3;fw:3;co:2;ci:4"),
+              "xb": (xb, "batch:2;hb:3;hh:4;ww:4;cj:2"),
+              "fb": (fb, "gh:3;gw:3;cj:2;co:4")},
+      [("a:3", "h:a;hb:a"), (FOUR, "hb:rows;co:cols")],
+      wrt=["x", "f", "xb", "fb"], reference=reference, rtol=1e-4, atol=1e-4)

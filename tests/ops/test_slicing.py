@@ -294,3 +294,47 @@ def test_dynamic_shift_errors():
                           "length", False)
   with pytest.raises(ValueError, match="'depth' is not a dimension"):
     slicing.dynamic_shift(x, ids, "depth", False)
+
+
+def test_shape_and_slicing_ops_on_uneven_splits():
+  """length:10 split 4 or 8 ways (stripes of 3 or 2, padded; some
+  processors hold nothing): shift both ways (wrap or not), halo_exchange of
+  3 uneven blocks, stack / unstack with an uneven new dim, dynamic_shift,
+  pool_tensor_1d, transpose and rename."""
+  x = arr(3, 10, seed=5)
+  offsets = np.array([2, -4, 11], np.int32)
+
+  def model(mesh, t):
+    v = t["x"]
+    blocks = mtf.reshape(v, "batch:3;blocks:5;block:2")
+    parts = slicing.unstack(slicing.stack([v, v * 2.0, v * 3.0], "parts"),
+                            "parts")
+    return {
+        "right": slicing.shift(v, 3, "length", False),
+        "left_wrap": slicing.shift(v, -4, "length", True),
+        "halo": slicing.halo_exchange(blocks, "blocks", "block", 1),
+        "unstacked": parts[2] - parts[0],
+        "dynamic": slicing.dynamic_shift(v, t["offset"], "length", False),
+        "pooled": slicing.pool_tensor_1d(v, "length", mtf.reduce_max, 2),
+        "transposed": mtf.transpose(v, "length:10;batch:3") * 1.0,
+        "renamed": mtf.rename_dimension(v, "length", "other") * 1.0}
+
+  def ref(t):
+    v = t["x"]
+    padded = tf.pad(tf.reshape(v, [3, 5, 2]), [[0, 0], [1, 1], [0, 0]])
+    halo = tf.concat([padded[:, :-2, -1:], padded[:, 1:-1],
+                      padded[:, 2:, :1]], axis=2)
+    rows = []
+    for b in range(3):
+      src = np.arange(10) - offsets[b]
+      ok = (src >= 0) & (src < 10)
+      rows.append(tf.where(ok, tf.gather(v[b], np.clip(src, 0, 9)), 0.0))
+    return {"right": _tf_shift(v, 3, 1, False),
+            "left_wrap": _tf_shift(v, -4, 1, True), "halo": halo,
+            "unstacked": v * 2.0, "dynamic": tf.stack(rows),
+            "pooled": tf.reduce_max(tf.reshape(v, [3, 5, 2]), 2),
+            "transposed": tf.transpose(v), "renamed": v}
+  check(model, {"x": (x, "batch:3;length:10"), "offset": (offsets, "batch:3")},
+        ref, [("all:8", "length:all"),
+              (MESH, "parts:rows;length:cols;other:rows"),
+              ("a:4", "length:a;blocks:a;other:a")])

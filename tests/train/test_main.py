@@ -270,6 +270,30 @@ def test_checkpoint_continues_under_another_mesh_and_layout(reference,
     assert g["loss"] == pytest.approx(w["loss"], rel=1e-4), g["step"]
 
 
+def test_checkpoint_continues_under_an_uneven_layout(reference, tiny_path,
+                                                      tmp_path):
+  """The same run resumed on 3 processors: experts:4, heads:4 and vocab:16
+  split 3 ways (padded stripes; expert and head groups alltoall and reduce
+  across them); the summary says what the padding costs, and the losses
+  are the uninterrupted run's."""
+  model_dir = tmp_path / "uneven"
+  model_dir.mkdir()
+  shutil.copytree(os.path.join(reference[0], "ckpt-8"), model_dir / "ckpt-8")
+  config = _config(tiny_path)
+  config.mesh_shape = "a:3"
+  config.layout = "experts:a;heads:a;vocab:a"
+  config.log_every = 1
+  log = []
+  result = main.run(config, "train", str(model_dir), out=_Lines(log),
+                    progress=False)
+  text = "\n".join(log)
+  assert "uneven splits:" in text and "vocab:16/3 -> 6" in text, text
+  got = result["history"]
+  assert [r["step"] for r in got] == list(range(8, 12))
+  for g, w in zip(got, reference[1]["history"][8:]):
+    assert g["loss"] == pytest.approx(w["loss"], rel=1e-4), g["step"]
+
+
 def test_two_worker_processes_train_like_one(reference, tiny_path, tmp_path):
   """Two real binary processes (2 virtual CPUs each) form the 4-device
   mesh: each reads only its half of every batch, the MoE alltoall and the
