@@ -40,7 +40,9 @@ import numpy as np
 from meshtf import shapes
 from meshtf.layouts import errors
 from meshtf.layouts import layout_rules as rules_lib
+from meshtf.layouts import relayout
 from meshtf.layouts import tensor_layouts as tensor_layouts_lib
+from meshtf.layouts.tensor_layouts import shard_size
 
 
 class DimSplit(collections.namedtuple(
@@ -82,16 +84,6 @@ class DimSplit(collections.namedtuple(
   def valid_size(self, shard):
     """Positions of shard `shard` that hold data (the rest is padding)."""
     return max(0, min(self.shard_size, self.size - shard * self.shard_size))
-
-
-def shard_size(size, num_shards):
-  """ceil(size / num_shards): the slice size of a dim split num_shards ways.
-
-  Example:
-    >>> shard_size(250, 4), shard_size(8, 4)
-    (63, 2)
-  """
-  return -(-size // num_shards)
 
 
 class MeshLayout(object):
@@ -317,7 +309,6 @@ class MeshLayout(object):
     """The steps that turn a laid-out tensor of old_shape into new_shape
     (a reshape, possibly changing which dims the mesh axes split), as a
     RelayoutPlan (meshtf/layouts/relayout.py)."""
-    from meshtf.layouts import relayout
     return relayout.reshape_plan(self, _as_shape(old_shape),
                                  _as_shape(new_shape), dtype_size)
 

@@ -33,6 +33,8 @@ Example:
 """
 import collections
 
+from meshtf.layouts.tensor_layouts import shard_size
+
 RelayoutStep = collections.namedtuple(
     "RelayoutStep",
     ["kind",                 # allconcat | alltoall | allsplit | reshape
@@ -118,19 +120,6 @@ class RelayoutPlan(object):
         self.old_shape, self.new_shape, "; ".join(self.describe()) or "local")
 
 
-def _outer_sizes(shape):
-  """Per dim, the product of the sizes of the dims before it."""
-  out, before = [], 1
-  for d in shape.dims:
-    out.append(before)
-    before *= d.size
-  return out
-
-
-def _ceil(size, n):
-  return -(-size // n)
-
-
 def _prod(values):
   out = 1
   for v in values:
@@ -151,7 +140,8 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4):
   under mesh_layout's rules (see the module docstring)."""
   old_layout = list(mesh_layout.tensor_layout(old_shape))
   new_layout = list(mesh_layout.tensor_layout(new_shape))
-  old_pos, new_pos = _outer_sizes(old_shape), _outer_sizes(new_shape)
+  # Per dim, the product of the sizes of the dims before it.
+  old_pos, new_pos = old_shape.cumprod(), new_shape.cumprod()
   local = mesh_layout.slice_shape(old_shape)
   steps, split_after = [], []
 
@@ -177,8 +167,8 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4):
       twin = _twin(old_shape, old_pos, new_shape.dims[b].size, new_pos[b], n)
       if a is not None and twin is not None and old_layout[twin] is None:
         sent = list(local)
-        sent[twin] = n * _ceil(old_shape.dims[twin].size, n)
-        local[twin] = _ceil(old_shape.dims[twin].size, n)
+        sent[twin] = n * shard_size(old_shape.dims[twin].size, n)
+        local[twin] = shard_size(old_shape.dims[twin].size, n)
         local[a] = old_shape.dims[a].size
         collective("alltoall", m, twin, a, sent)
         old_layout[a], old_layout[twin] = None, m
@@ -192,7 +182,7 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4):
   new_local = []
   for d, m in zip(new_shape.dims, new_layout):
     still_split = m is not None and m in old_layout
-    new_local.append(_ceil(d.size, mesh_layout.axis_size(m)) if still_split
+    new_local.append(shard_size(d.size, mesh_layout.axis_size(m)) if still_split
                      else d.size)
   if local != new_local:
     if _prod(local) != _prod(new_local):
@@ -202,7 +192,7 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4):
     steps.append(RelayoutStep("reshape", None, None, None, None, tuple(local),
                               1, 0, 0))
   for m, b in split_after:
-    local[b] = _ceil(new_shape.dims[b].size, mesh_layout.axis_size(m))
+    local[b] = shard_size(new_shape.dims[b].size, mesh_layout.axis_size(m))
     steps.append(RelayoutStep("allsplit", m, b, None, None, tuple(local),
                               mesh_layout.axis_size(m), 0, 0))
   return RelayoutPlan(old_shape, new_shape, steps)

@@ -96,14 +96,22 @@ def tensor_layout(tensor_shape, mesh_shape, layout_rules, tensor_name=None):
   return TensorLayout(t2m)
 
 
+def shard_size(size, num_shards):
+  """ceil(size / num_shards): the slice size of a dim split num_shards ways.
+
+  Example:
+    >>> shard_size(250, 4), shard_size(8, 4)
+    (63, 2)
+  """
+  return -(-size // num_shards)
+
+
 def slice_shape(tensor_shape, mesh_shape, layout):
   """Per-processor slice sizes (integers) of a tensor under `layout`: the
   padded sizes ceil(size / axis size) where a dim splits unevenly."""
-  out = []
-  for dim, axis in zip(tensor_shape.dims, layout):
-    out.append(dim.size if axis is None
-               else -(-dim.size // mesh_shape.dims[axis].size))
-  return out
+  return [dim.size if axis is None
+          else shard_size(dim.size, mesh_shape.dims[axis].size)
+          for dim, axis in zip(tensor_shape.dims, layout)]
 
 
 def validate_device_count(mesh_shape, num_devices):

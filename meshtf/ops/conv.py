@@ -70,7 +70,6 @@ from meshtf.ops.conv_slices import halo_extend  # noqa: F401
 from meshtf.ops.conv_slices import halo_reduce  # noqa: F401
 from meshtf.ops.conv_slices import prod  # noqa: F401
 from meshtf.ops.conv_slices import restore_batch  # noqa: F401
-from meshtf.ops.conv_slices import split_axis  # noqa: F401
 from meshtf.ops.conv_slices import tf_conv  # noqa: F401
 from meshtf.ops.conv_slices import tf_filter_grad  # noqa: F401
 from meshtf.ops.conv_slices import tf_input_grad  # noqa: F401
@@ -278,7 +277,7 @@ class _ConvBase(graph_lib.Operation):
     g, nb = self._geom, len(self._geom.batch)
     plan = []
     for i, (d, b, (lo, hi)) in enumerate(zip(g.spatial, g.blocks, g.pads)):
-      a = split_axis(impl, b if b is not None else d)
+      a = impl.split_axis(b if b is not None else d)
       if a is None:
         stripe = d.size
       else:  # ceil: uneven splits are padded at the end
@@ -288,15 +287,15 @@ class _ConvBase(graph_lib.Operation):
       plan.append((nb + i, a, stripe, lo, hi))
     return plan
 
-  def validate_layout(self, impl):
+  def validate_layout(self, mesh_layout):
     g = self._geom
     x_role, y_role = self._roles
     for d, w, b, od, fd, st in zip(g.spatial, g.within, g.blocks,
                                    g.out_spatial, g.filter_spatial,
                                    g.strides):
-      a = split_axis(impl, w)
+      a = mesh_layout.split_axis(w)
       if a is not None and b is not None:
-        m = impl.shape.dims[a]
+        m = mesh_layout.shape.dims[a]
         raise errors.LayoutError(
             "%s %r: within-block dim %r is split over mesh axis %r: a "
             "processor's part of the image would not be contiguous. Split "
@@ -304,7 +303,7 @@ class _ConvBase(graph_lib.Operation):
                                             m.name, b.name))
       if a is None:
         continue
-      m = impl.shape.dims[a]
+      m = mesh_layout.shape.dims[a]
       if od.size * st != d.size or (
           -(-od.size // m.size) * st != -(-d.size // m.size)):
         raise errors.LayoutError(
@@ -401,7 +400,7 @@ class ConvOperation(_ConvBase):
       y = restore_batch(tf_conv(flat, fs, g.strides), batch)
       return g.from_image(y, y_sizes)
     y = impl.slicewise(local, x, f)
-    a = split_axis(impl, g.in_dim)
+    a = impl.split_axis(g.in_dim)
     if a is not None:  # partial sums over this processor's in channels
       y = lowering_lib.PendingSum(impl, y, [a])
     lowering.set_tensor_lowering(out, y)
@@ -458,7 +457,7 @@ class ConvInputGradOperation(_ConvBase):
     if g.has_blocks:
       x_sizes = impl.slice_shape(out.shape)
       dx = impl.slicewise(lambda t: g.from_image(t, x_sizes), dx)
-    a = split_axis(impl, g.out_dim)
+    a = impl.split_axis(g.out_dim)
     if a is not None:  # partial sums over this processor's out channels
       dx = lowering_lib.PendingSum(impl, dx, [a])
     lowering.set_tensor_lowering(out, dx)
@@ -509,10 +508,10 @@ class ConvFilterGradOperation(_ConvBase):
       return tf_filter_grad(xs, dys, f_sizes, g.strides)
     df = impl.slicewise(local, x, _zero_padding(lowering, dy_t))
     # Summed over this processor's batch rows, blocks and positions.
-    reduced = sorted({a for a in (split_axis(impl, d)
+    reduced = sorted({a for a in (impl.split_axis(d)
                                   for d in dy_t.shape.dims[:-1])
                       if a is not None})
-    filter_axes = [(i, split_axis(impl, d))
+    filter_axes = [(i, impl.split_axis(d))
                    for i, d in enumerate(out.shape.dims[:nd])]
     filter_axes = [(i, a) for i, a in filter_axes if a is not None]
     if filter_axes:

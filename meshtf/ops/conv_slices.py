@@ -67,12 +67,6 @@ def _take(t, axis, begin, size):
 
 
 # --- halo exchange on laid-out tensors ---------------------------------------
-def split_axis(impl, dim):
-  """The mesh axis (of size > 1) that splits dim, or None (impl: a MeshImpl
-  or a MeshLayout)."""
-  return impl.split_axis(dim)
-
-
 def _halo_pieces(stripe, lo, hi):
   """The pieces of a stripe extended by lo positions before and hi after,
   in order: (offset, begin, size) = positions [begin, begin + size) of the

@@ -38,11 +38,11 @@ class EinsumOperation(graph_lib.Operation):
             % (d.name, d.size, self._all_dims))
     self._outputs = [graph_lib.Tensor(self, output_shape, inputs[0].dtype)]
 
-  def validate_layout(self, impl):
+  def validate_layout(self, mesh_layout):
     """All dims of one einsum must split over distinct mesh axes, or the
     partial results of different output stripes would be summed together."""
     try:
-      impl.tensor_layout(self._all_dims)
+      mesh_layout.tensor_layout(self._all_dims)
     except errors.LayoutError as e:
       raise errors.LayoutError(
           "einsum %r over all of its dims %s: %s" % (self.name,

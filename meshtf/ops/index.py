@@ -68,17 +68,12 @@ def check_integer(t, op_name, arg):
                                                 t.dtype.name, arg))
 
 
-def split_axis(impl, dim):
-  """The mesh axis that splits dim, or None (also for a size-1 axis)."""
-  return impl.split_axis(dim)
-
-
 def dim_offset(impl, dim):
   """Per processor, the global index where its stripe of dim starts: a
   laid-out int32 scalar, or the number 0 when dim is not split (slicewise
   passes non-laid-out arguments through unchanged). Stripes have
   ceil(size / axis size) positions (uneven splits are padded at the end)."""
-  a = split_axis(impl, dim)
+  a = impl.split_axis(dim)
   if a is None:
     return 0
   stripe = -(-dim.size // impl.shape.dims[a].size)
@@ -218,10 +213,10 @@ class _LookupPlan(object):
     the only way the two operands' layouts can clash: the shared and
     table-only dims sit in one tensor with `dim`, or in the result with
     the indices-only dims."""
-    a = split_axis(impl, self.dim)
+    a = impl.split_axis(self.dim)
     for n in self.ids_only:
-      if a is not None and split_axis(
-          impl, self.union.get_dim_by_name(n)) == a:
+      if a is not None and impl.split_axis(
+          self.union.get_dim_by_name(n)) == a:
         return n
     return None
 
@@ -281,7 +276,7 @@ class GatherOperation(graph_lib.Operation):
     if q is not None:
       # q and dim share a mesh axis, so no processor holds matching stripes
       # of both: look up all of q in the own rows, then reduce-scatter.
-      ids_t = impl.allconcat(ids_t, split_axis(impl, p.dim), i_names.index(q))
+      ids_t = impl.allconcat(ids_t, impl.split_axis(p.dim), i_names.index(q))
     value = impl.slicewise(local, lowering.tensors[weights], ids_t,
                            dim_offset(impl, p.dim))
     axes = impl.reduced_mesh_axes(p.union, out.shape)  # dim's axis, if split
@@ -346,7 +341,7 @@ class ScatterAddOperation(graph_lib.Operation):
                                  p.table_only, out.shape.dimension_names)
     u_t, ids_t = lowering.tensors[updates], lowering.tensors[indices]
     q = p.ids_dim_on_dim_axis(impl)
-    mesh_axis = split_axis(impl, p.dim)
+    mesh_axis = impl.split_axis(p.dim)
     if q is not None:
       # q shares dim's mesh axis: gather all of q, so that each processor
       # adds every update that lands in its own rows.
@@ -437,7 +432,7 @@ class CumsumOperation(graph_lib.Operation):
 
     def local_cumsum(s):
       return tf.cumsum(s, axis=axis, exclusive=exclusive, reverse=reverse)
-    mesh_axis = split_axis(impl, self._dim)
+    mesh_axis = impl.split_axis(self._dim)
     if mesh_axis is None:
       value = impl.slicewise(local_cumsum, t)
     else:

@@ -43,12 +43,12 @@ class _PoolBase(graph_lib.Operation):
   def _spatial(self):
     return self._x_shape.dims[-(self._nd + 1):-1]
 
-  def validate_layout(self, impl):
+  def validate_layout(self, mesh_layout):
     for d, k in zip(self._spatial, self._ksize):
-      a = conv_lib.split_axis(impl, d)
+      a = mesh_layout.split_axis(d)
       if a is None:
         continue
-      m = impl.shape.dims[a]
+      m = mesh_layout.shape.dims[a]
       stripe = -(-d.size // m.size)
       # Windows must tile every stripe, and the pooled stripes must line up
       # with the pooled dim's own split (ceil(size // k / n) positions).

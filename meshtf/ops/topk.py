@@ -97,7 +97,7 @@ class TopKOperation(graph_lib.Operation):
         local_top_k, impl.mask_padding(lowering.tensors[x], x.shape, lowest,
                                        [self._dim.name]),
         index.dim_offset(impl, self._dim))
-    mesh_axis = index.split_axis(impl, self._dim)
+    mesh_axis = impl.split_axis(self._dim)
     if mesh_axis is not None:
       # Every stripe's candidates, in stripe order: equal values keep the
       # lower global index first, so ties resolve as on one device.
@@ -112,7 +112,7 @@ class TopKOperation(graph_lib.Operation):
       values, ids = impl.slicewise(
           lambda v, i: (tf.squeeze(v, -1), tf.squeeze(i, -1)), values, ids)
     else:
-      k_axis = index.split_axis(impl, self._k_dim)
+      k_axis = impl.split_axis(self._k_dim)
       if k_axis is not None:
         # All k were computed; keep this processor's stripe of k_dim.
         values = impl.allsplit(values, k_axis, nb)

@@ -141,15 +141,19 @@ FUZZ_MESHES = ["all:8", "rows:2;cols:4", "rows:4;cols:2", "a:2;b:2;c:2"]
 
 
 @st.composite
-def reshape_problems(draw):
-  """(old shape, new shape, mesh, layout) with a valid layout for both."""
-  old = draw(st.sampled_from(FACTORIZATIONS_64))
-  new = draw(st.sampled_from(FACTORIZATIONS_64))
+def reshape_problems(draw, factorizations=None, meshes=FUZZ_MESHES,
+                     even=True):
+  """(old shape, new shape, mesh, layout) with a valid layout for both;
+  with even=False the rules may split any dim over any axis (mostly
+  unevenly)."""
+  factorizations = factorizations or FACTORIZATIONS_64
+  old = draw(st.sampled_from(factorizations))
+  new = draw(st.sampled_from(factorizations))
   old_names = ["d%d" % i for i in range(len(old))]
   # New names may reuse old ones (at other sizes or places) or be fresh.
   new_names = draw(st.permutations(old_names + ["e%d" % i for i in
                                                 range(len(new))]))[:len(new)]
-  mesh_text = draw(st.sampled_from(FUZZ_MESHES))
+  mesh_text = draw(st.sampled_from(meshes))
   mesh = mtf.convert_to_shape(mesh_text)
   sizes = {}
   for n, size in list(zip(old_names, old)) + list(zip(new_names, new)):
@@ -157,8 +161,8 @@ def reshape_problems(draw):
   rules = {}
   for n in sorted(sizes):
     axis = draw(st.sampled_from([None] + mesh.dimension_names))
-    if axis is None or any(sz % mesh.get_dim_by_name(axis).size
-                           for sz in sizes[n]):
+    if axis is None or (even and any(
+        sz % mesh.get_dim_by_name(axis).size for sz in sizes[n])):
       continue
     # A tensor's two dims may not share a mesh axis.
     if not any(n in names and rules.get(m) == axis
@@ -385,31 +389,6 @@ def test_anonymous_shape_and_combined_dimension():
 FACTORIZATIONS_60 = _factorizations(60, 4)
 
 
-@st.composite
-def uneven_reshape_problems(draw):
-  """(old shape, new shape, mesh, layout) of 60 elements, where the rules
-  may split any dim over any axis: most splits are uneven (padded)."""
-  old = draw(st.sampled_from(FACTORIZATIONS_60))
-  new = draw(st.sampled_from(FACTORIZATIONS_60))
-  old_names = ["d%d" % i for i in range(len(old))]
-  new_names = draw(st.permutations(old_names + ["e%d" % i for i in
-                                                range(len(new))]))[:len(new)]
-  mesh_text = draw(st.sampled_from(FUZZ_MESHES + ["all:7", "a:3;b:2"]))
-  mesh = mtf.convert_to_shape(mesh_text)
-  rules = {}
-  for n in sorted(set(old_names + new_names)):
-    axis = draw(st.sampled_from([None] + mesh.dimension_names))
-    if axis is not None and not any(
-        n in names and rules.get(m) == axis
-        for names in (old_names, new_names) for m in names):
-      rules[n] = axis
-  assume(rules)
-  old_shape = mtf.Shape(list(zip(old_names, old)))
-  new_shape = mtf.Shape(list(zip(new_names, new)))
-  layout = ";".join("%s:%s" % kv for kv in sorted(rules.items()))
-  return old_shape, new_shape, mesh_text, layout
-
-
 def _forward_stats(old_shape, new_shape, mesh_shape, layout, backend):
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "m")
@@ -425,7 +404,9 @@ def _forward_stats(old_shape, new_shape, mesh_shape, layout, backend):
 
 
 @settings(max_examples=40, deadline=None, derandomize=True)
-@given(uneven_reshape_problems(), st.sampled_from(["placement", "simd"]))
+@given(reshape_problems(FACTORIZATIONS_60, FUZZ_MESHES + ["all:7", "a:3;b:2"],
+                        even=False),
+       st.sampled_from(["placement", "simd"]))
 def test_reshape_any_uneven_layout_and_its_plan(problem, backend):
   """Random reshapes of 60 elements under layouts that split unevenly:
   row-major values and gradients (padding poisoned), and the collectives

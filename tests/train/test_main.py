@@ -249,18 +249,26 @@ def test_killed_training_resumes_with_identical_losses(reference, tiny_path,
     assert got["accuracy"] == pytest.approx(ref["accuracy"], abs=1e-6)
 
 
-def test_checkpoint_continues_under_another_mesh_and_layout(reference,
-                                                            tiny_path,
-                                                            tmp_path):
-  model_dir = tmp_path / "resharded"
+def _resume(reference, tiny_path, tmp_path, step, mesh_shape, layout):
+  """Trains on from the reference run's checkpoint at `step` in a new
+  model_dir under another mesh and layout; returns (result, log lines)."""
+  model_dir = tmp_path / ("resumed_%d" % step)
   model_dir.mkdir()
-  shutil.copytree(os.path.join(reference[0], "ckpt-4"), model_dir / "ckpt-4")
+  name = "ckpt-%d" % step
+  shutil.copytree(os.path.join(reference[0], name), model_dir / name)
   config = _config(tiny_path)
-  config.mesh_shape = "all:4"
-  config.layout = "batch:all;group:all;experts:all"
+  config.mesh_shape, config.layout = mesh_shape, layout
   log = []
   result = main.run(config, "train", str(model_dir), out=_Lines(log),
                     progress=False)
+  return result, log
+
+
+def test_checkpoint_continues_under_another_mesh_and_layout(reference,
+                                                            tiny_path,
+                                                            tmp_path):
+  result, log = _resume(reference, tiny_path, tmp_path, 4, "all:4",
+                        "batch:all;group:all;experts:all")
   assert result["start_step"] == 4
   assert "resumed from step 4" in "\n".join(log)
   want = reference[1]["history"][4:]
@@ -276,16 +284,8 @@ def test_checkpoint_continues_under_an_uneven_layout(reference, tiny_path,
   split 3 ways (padded stripes; expert and head groups alltoall and reduce
   across them); the summary says what the padding costs, and the losses
   are the uninterrupted run's."""
-  model_dir = tmp_path / "uneven"
-  model_dir.mkdir()
-  shutil.copytree(os.path.join(reference[0], "ckpt-8"), model_dir / "ckpt-8")
-  config = _config(tiny_path)
-  config.mesh_shape = "a:3"
-  config.layout = "experts:a;heads:a;vocab:a"
-  config.log_every = 1
-  log = []
-  result = main.run(config, "train", str(model_dir), out=_Lines(log),
-                    progress=False)
+  result, log = _resume(reference, tiny_path, tmp_path, 8, "a:3",
+                        "experts:a;heads:a;vocab:a")
   text = "\n".join(log)
   assert "uneven splits:" in text and "vocab:16/3 -> 6" in text, text
   got = result["history"]
