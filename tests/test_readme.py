@@ -34,3 +34,28 @@ def test_dsl_example_runs():
                      text=True, timeout=300, cwd=str(ROOT))
   assert r.returncode == 0, r.stderr[-3000:]
   assert "allreduce_sum" in r.stdout
+
+
+def test_layout_snippets_show_what_they_return():
+  """The MeshLayout snippets under "How layouts work": every expression
+  line's trailing comment is the repr of its value."""
+  import ast
+  import meshtf as mtf
+  text = (ROOT / "README.md").read_text()
+  checked = 0
+  for title in ("### Uneven splits", "### The layout object"):
+    section = text.split(title, 1)[1]
+    code = section.split("```python", 1)[1].split("```", 1)[0]
+    lines = code.splitlines()
+    env = {"mtf": mtf}
+    for stmt in ast.parse(code).body:
+      source = ast.get_source_segment(code, stmt)
+      if isinstance(stmt, ast.Expr):
+        value = eval(compile(ast.Expression(stmt.value), "README", "eval"),
+                     env)
+        comment = lines[stmt.end_lineno - 1].split("# ", 1)[1].strip()
+        assert repr(value) == comment, (source, value)
+        checked += 1
+      else:
+        exec(compile(ast.Module([stmt], []), "README", "exec"), env)
+  assert checked == 4
