@@ -117,12 +117,8 @@ def graph_optimizer_off():
 
 def _splits_something(result, mesh_shape, layout, backend):
   impl = make_impl(backend, mesh_shape, layout)
-  for op in result.graph.operations:
-    for t in op.outputs:
-      if any(a is not None and impl.shape.dims[a].size > 1
-             for a in impl.tensor_layout(t)):
-        return True
-  return False
+  return any(s.is_split for op in result.graph.operations for t in op.outputs
+             for s in impl.mesh_layout.dim_splits(t))
 
 
 def assert_close(actual, expected, rtol, atol, what):

@@ -1,19 +1,61 @@
 """Layout rules: which tensor dimension names split over which mesh axes.
 
+A rule maps a dimension name to one mesh axis ("batch:rows"), or to several
+axes in order ("batch:rows+cols": GSPMD's tiling of one dim over several
+mesh dims; the first axis is the major one, so processor (r, c) holds
+stripe r * |cols| + c of the batch).
+
 Example:
   >>> rules = convert_to_layout_rules("batch:rows;hidden:cols")
   >>> sorted(rules.pairs)
   [('batch', 'rows'), ('hidden', 'cols')]
+  >>> convert_to_layout_rules("batch:x+y").mesh_axis_names("batch")
+  ('x', 'y')
 """
 import re
 
 from meshtf.layouts import errors
 
 _RULE_SPLIT = re.compile(r"[;,\s]+")
+AXIS_JOIN = "+"  # "batch:x+y": one dim over several mesh axes, major first
+_AXIS_NAME = re.compile(r"[A-Za-z0-9_\-]+")
+
+
+def axes_text(axis_names):
+  """The rule text of a tuple of axis names: ('x', 'y') -> 'x+y'."""
+  return AXIS_JOIN.join(axis_names)
+
+
+def parse_axes(value, what="layout rule"):
+  """A rule's mesh axes as a tuple of names: 'x', 'x+y', ('x', 'y') or
+  ['x', 'y']; raises LayoutError on a malformed one.
+
+  Example:
+    >>> parse_axes("x+y"), parse_axes(("x",))
+    (('x', 'y'), ('x',))
+  """
+  if isinstance(value, str):
+    names = tuple(value.split(AXIS_JOIN))
+  elif isinstance(value, (tuple, list)):
+    names = tuple(value)
+  else:
+    names = None
+  if (not names or any(not isinstance(n, str) or not _AXIS_NAME.fullmatch(n)
+                       for n in names)):
+    raise errors.LayoutError(
+        "%s: mesh axes %r are malformed: give one mesh axis name, or several "
+        "joined by '+' in major-to-minor order (e.g. 'batch:x+y')"
+        % (what, value))
+  if len(set(names)) != len(names):
+    raise errors.LayoutError(
+        "%s: mesh axes %r name an axis twice; a dim splits over each mesh "
+        "axis at most once" % (what, axes_text(names)))
+  return names
 
 
 class LayoutRules(object):
-  """A set of (tensor dimension name, mesh axis name) pairs.
+  """A set of (tensor dimension name, mesh axes) pairs. The axes are one
+  mesh axis name, or several joined by '+' (major first).
 
   Example:
     >>> LayoutRules([("batch", "all")]).mesh_axis_name("batch")
@@ -22,44 +64,63 @@ class LayoutRules(object):
 
   def __init__(self, pairs):
     self._pairs = []
-    for pair in pairs:
-      dim_name, axis_name = pair
-      if not isinstance(dim_name, str) or not isinstance(axis_name, str):
-        raise errors.LayoutError(
-            "Layout rule %r must be a (tensor dimension name, mesh axis name) "
-            "pair of strings" % (pair,))
-      if (dim_name, axis_name) not in self._pairs:
-        self._pairs.append((dim_name, axis_name))
     by_dim = {}
-    for dim_name, axis_name in self._pairs:
-      by_dim.setdefault(dim_name, []).append(axis_name)
-    for dim_name, axes in by_dim.items():
-      if len(axes) > 1:
+    for pair in pairs:
+      try:
+        dim_name, value = pair
+      except (TypeError, ValueError):
+        dim_name, value = None, None
+      if not isinstance(dim_name, str):
         raise errors.LayoutError(
-            "Layout rules map tensor dimension %r to several mesh axes %s; a "
-            "dimension splits over at most one mesh axis. Keep one rule for %r."
-            % (dim_name, axes, dim_name))
-    self._by_dim = {d: axes[0] for d, axes in by_dim.items()}
+            "Layout rule %r must be a (tensor dimension name, mesh axis "
+            "name) pair of strings" % (pair,))
+      axes = parse_axes(value, "layout rule for %r" % dim_name)
+      text = axes_text(axes)
+      if (dim_name, text) in self._pairs:
+        continue
+      if dim_name in by_dim:
+        raise errors.LayoutError(
+            "Layout rules map tensor dimension %r to mesh axes %r and %r; "
+            "give one rule per dimension: keep one, or split %r over both "
+            "with '%s:%s'" % (dim_name, axes_text(by_dim[dim_name]), text,
+                              dim_name, dim_name,
+                              axes_text(by_dim[dim_name] + axes)))
+      by_dim[dim_name] = axes
+      self._pairs.append((dim_name, text))
+    self._by_dim = by_dim
 
   @property
   def pairs(self):
+    """[(dim name, axes text)], e.g. [('batch', 'x+y')]."""
     return list(self._pairs)
 
   def mesh_axis_name(self, dim_name):
-    """The mesh axis that `dim_name` splits over, or None."""
-    return self._by_dim.get(dim_name)
+    """The rule's axes text for dim_name ('x', 'x+y'), or None."""
+    axes = self._by_dim.get(dim_name)
+    return None if axes is None else axes_text(axes)
+
+  def mesh_axis_names(self, dim_name):
+    """The tuple of mesh axis names dim_name splits over (empty: none)."""
+    return self._by_dim.get(dim_name, ())
+
+  def tensor_dimension_to_mesh_axes(self, tensor_dimension, mesh_shape):
+    """Indices in mesh_shape of the axes `tensor_dimension` splits over, in
+    the rule's order (empty: replicated). Rules naming an axis missing from
+    mesh_shape are ignored here (they may belong to another mesh);
+    `validate_layout_rules` reports them."""
+    names = [d.name for d in mesh_shape.dims]
+    axes = self._by_dim.get(tensor_dimension.name, ())
+    if any(a not in names for a in axes):
+      return ()
+    return tuple(names.index(a) for a in axes)
 
   def tensor_dimension_to_mesh_axis(self, tensor_dimension, mesh_shape):
-    """Index in mesh_shape of the axis `tensor_dimension` splits over, or None.
-
-    Rules that name an axis missing from mesh_shape are ignored here (they may
-    belong to another mesh); `validate_layout_rules` reports them.
-    """
-    axis_name = self._by_dim.get(tensor_dimension.name)
-    if axis_name is None:
+    """Mesh TensorFlow's form: the index of the one mesh axis the dim
+    splits over, or None; a tuple of indices for a multi-axis rule."""
+    axes = self.tensor_dimension_to_mesh_axes(tensor_dimension, mesh_shape)
+    if not axes:
       return None
-    names = [d.name for d in mesh_shape.dims]
-    return names.index(axis_name) if axis_name in names else None
+    return axes[0] if len(axes) == 1 else axes
 
   def __repr__(self):
     return "LayoutRules(%r)" % ";".join("%s:%s" % p for p in self._pairs)
@@ -74,11 +135,13 @@ class LayoutRules(object):
 def convert_to_layout_rules(x):
   """Converts a LayoutRules, string, dict or list of pairs to LayoutRules.
 
-  Strings list dim:axis pairs separated by ';', ',' or spaces.
+  Strings list dim:axes pairs separated by ';', ',' or spaces; several
+  axes for one dim are joined by '+'. Dict and pair values may also be
+  tuples of axis names.
 
   Example:
-    >>> convert_to_layout_rules({"batch": "rows"}).pairs
-    [('batch', 'rows')]
+    >>> convert_to_layout_rules({"batch": ("rows", "cols")}).pairs
+    [('batch', 'rows+cols')]
   """
   if isinstance(x, LayoutRules):
     return x
@@ -95,7 +158,8 @@ def convert_to_layout_rules(x):
       if len(parts) != 2 or not parts[0] or not parts[1]:
         raise errors.LayoutError(
             "Cannot parse %r in layout %r: write dim:mesh_axis pairs such as "
-            "'batch:rows;hidden:cols'" % (item, x))
+            "'batch:rows;hidden:cols' (a dim over several axes: "
+            "'batch:rows+cols')" % (item, x))
       pairs.append((parts[0], parts[1]))
     return LayoutRules(pairs)
   return LayoutRules(list(x))
@@ -110,10 +174,11 @@ def validate_layout_rules(layout_rules, mesh_shape):
     ...                       convert_to_shape("rows:2"))
   """
   axis_names = [d.name for d in mesh_shape.dims]
-  for dim_name, axis_name in layout_rules.pairs:
-    if axis_name not in axis_names:
-      raise errors.LayoutError(
-          "Layout rule '%s:%s' names mesh axis %r, but mesh %s has axes %s. "
-          "Fix the rule to use one of %s, or add %r to the mesh shape."
-          % (dim_name, axis_name, axis_name, errors.describe_mesh(mesh_shape),
-             axis_names, axis_names, axis_name))
+  for dim_name, text in layout_rules.pairs:
+    for axis_name in layout_rules.mesh_axis_names(dim_name):
+      if axis_name not in axis_names:
+        raise errors.LayoutError(
+            "Layout rule '%s:%s' names mesh axis %r, but mesh %s has axes %s. "
+            "Fix the rule to use one of %s, or add %r to the mesh shape."
+            % (dim_name, text, axis_name, errors.describe_mesh(mesh_shape),
+               axis_names, axis_names, axis_name))

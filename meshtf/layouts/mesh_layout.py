@@ -42,20 +42,29 @@ from meshtf.layouts import errors
 from meshtf.layouts import layout_rules as rules_lib
 from meshtf.layouts import relayout
 from meshtf.layouts import tensor_layouts as tensor_layouts_lib
+from meshtf.layouts.tensor_layouts import TensorLayout  # noqa: F401
 from meshtf.layouts.tensor_layouts import shard_size
 
 
 class DimSplit(collections.namedtuple(
-    "DimSplit", ["tensor_axis", "name", "size", "mesh_axes", "num_shards",
+    "DimSplit", ["tensor_axis", "name", "size", "mesh_axes", "axis_sizes",
                  "shard_size"])):
-  """How one dimension of one tensor is split: over `mesh_axes` (empty:
-  replicated) into num_shards slices of shard_size positions each.
+  """How one dimension of one tensor is split: over `mesh_axes` (major
+  first; only axes of size > 1; empty: replicated) of sizes `axis_sizes`,
+  into num_shards slices of shard_size positions each.
 
   Example:
     >>> s = MeshLayout("x:4", "vocab:x").dim_split("vocab:250", "vocab")
     >>> s.shard_size, s.padded_size, s.padding, s.valid_size(3)
     (63, 252, 2, 61)
   """
+
+  @property
+  def num_shards(self):
+    n = 1
+    for size in self.axis_sizes:
+      n *= size
+    return n
 
   @property
   def is_split(self):
@@ -75,8 +84,19 @@ class DimSplit(collections.namedtuple(
 
   @property
   def mesh_axis(self):
-    """The one mesh axis of a split dim (None if replicated)."""
+    """The mesh axis of a dim split over one axis (None if replicated; a
+    tuple for a dim over several axes)."""
+    if len(self.mesh_axes) > 1:
+      return self.mesh_axes
     return self.mesh_axes[0] if self.mesh_axes else None
+
+  def shard(self, coords):
+    """Which of the num_shards slices the processor at mesh coordinates
+    `coords` holds (mixed radix over mesh_axes, major first)."""
+    index = 0
+    for axis, size in zip(self.mesh_axes, self.axis_sizes):
+      index = index * size + coords[axis]
+    return index
 
   def begin(self, shard):
     return shard * self.shard_size
@@ -170,23 +190,37 @@ class MeshLayout(object):
     return layout
 
   def tensor_dimension_to_mesh_axis(self, dim):
-    """The mesh axis a rule maps dim to (size-1 axes included), or None."""
+    """The mesh axis a rule maps dim to (size-1 axes included), None, or a
+    tuple of axes for a multi-axis rule (Mesh TensorFlow's method)."""
     return self._rules.tensor_dimension_to_mesh_axis(dim, self._mesh)
 
+  def split_axes(self, dim):
+    """The mesh axes of size > 1 that split dim, major first (a tuple)."""
+    axes = self._rules.tensor_dimension_to_mesh_axes(
+        shapes.convert_to_dimension(dim), self._mesh)
+    return tuple(a for a in axes if self._mesh.dims[a].size > 1)
+
   def split_axis(self, dim):
-    """The mesh axis of size > 1 that splits dim, or None."""
-    a = self.tensor_dimension_to_mesh_axis(shapes.convert_to_dimension(dim))
-    return a if a is not None and self._mesh.dims[a].size > 1 else None
+    """The mesh axis of size > 1 that splits dim; None if none splits it;
+    the tuple of axes if several do (collectives accept either)."""
+    axes = self.split_axes(dim)
+    if not axes:
+      return None
+    return axes[0] if len(axes) == 1 else axes
 
   def dim_splits(self, shape):
     """One DimSplit per dim of shape (Tensor, Shape or string)."""
     shape = _as_shape(shape)
     layout = self.tensor_layout(shape)
     out = []
-    for i, (d, a) in enumerate(zip(shape.dims, layout)):
-      axes = () if a is None or self._mesh.dims[a].size == 1 else (a,)
-      n = self._mesh.dims[a].size if axes else 1
-      out.append(DimSplit(i, d.name, d.size, axes, n, shard_size(d.size, n)))
+    for i, (d, axes) in enumerate(zip(shape.dims, layout.dim_axes)):
+      axes = tuple(a for a in axes if self._mesh.dims[a].size > 1)
+      sizes = tuple(self._mesh.dims[a].size for a in axes)
+      n = 1
+      for size in sizes:
+        n *= size
+      out.append(DimSplit(i, d.name, d.size, axes, sizes,
+                          shard_size(d.size, n)))
     return out
 
   def dim_split(self, shape, dim):
@@ -215,15 +249,13 @@ class MeshLayout(object):
   def slice_begin(self, shape, pnum):
     """Per dim, the global index where processor pnum's slice starts."""
     coords = self.pnum_to_processor_coordinates(pnum)
-    return [s.begin(coords[s.mesh_axis]) if s.is_split else 0
-            for s in self.dim_splits(shape)]
+    return [s.begin(s.shard(coords)) for s in self.dim_splits(shape)]
 
   def valid_slice_shape(self, shape, pnum):
     """Per dim, how many positions of pnum's slice hold data (the rest of
     the slice is padding)."""
     coords = self.pnum_to_processor_coordinates(pnum)
-    return [s.valid_size(coords[s.mesh_axis]) if s.is_split else s.size
-            for s in self.dim_splits(shape)]
+    return [s.valid_size(s.shard(coords)) for s in self.dim_splits(shape)]
 
   def padding_report(self, shape):
     """How much an uneven layout of shape costs: a dict with the global
@@ -253,8 +285,8 @@ class MeshLayout(object):
     input_shape, output_shape = _as_shape(input_shape), _as_shape(
         output_shape)
     kept = set(output_shape.dimension_names)
-    axes = {self.split_axis(d) for d in input_shape.dims if d.name not in kept}
-    return sorted(a for a in axes if a is not None)
+    return sorted({a for d in input_shape.dims if d.name not in kept
+                   for a in self.split_axes(d)})
 
   # --- processors ------------------------------------------------------------
   def pnum_to_processor_coordinates(self, pnum):
@@ -305,12 +337,24 @@ class MeshLayout(object):
         self.tensor_layout(t)
       op.validate_layout(self)
 
-  def relayout_plan(self, old_shape, new_shape, dtype_size=4):
+  def relayout_plan(self, old_shape, new_shape, dtype_size=4,
+                    old_layout=None, new_layout=None):
     """The steps that turn a laid-out tensor of old_shape into new_shape
-    (a reshape, possibly changing which dims the mesh axes split), as a
-    RelayoutPlan (meshtf/layouts/relayout.py)."""
+    (a reshape, possibly changing which dims the mesh axes split; or the
+    same shape from old_layout to new_layout), as a RelayoutPlan
+    (meshtf/layouts/relayout.py).
+
+    Example:
+      >>> layout = MeshLayout("x:2;y:4")
+      >>> plan = layout.relayout_plan(
+      ...     "b:8;m:16", "b:8;m:16", old_layout=TensorLayout([0, 1]),
+      ...     new_layout=TensorLayout([(0, 1), None]))
+      >>> [(s.kind, s.mesh_axis) for s in plan.steps]
+      [('allconcat', 1), ('allsplit', 1)]
+    """
     return relayout.reshape_plan(self, _as_shape(old_shape),
-                                 _as_shape(new_shape), dtype_size)
+                                 _as_shape(new_shape), dtype_size,
+                                 old_layout, new_layout)
 
 
 def _as_shape(x):

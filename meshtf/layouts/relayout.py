@@ -3,15 +3,17 @@ data (pure Python). Backends execute the steps (MeshImpl.execute_relayout);
 the collective statistics of the run and the cost report read the same
 numbers, so predicted and emitted communication cannot drift apart.
 
-Per mesh axis of size n, from the old dim a it splits to the new dim b:
+Per old split dim a (over mesh axes A) and the new dim b over the same A:
 
   a and b select the same elements   nothing (the slices already match)
-  a split, b unsplit                  allconcat over the axis (padding of an
-                                      uneven a is stripped)
-  a unsplit, b split                  allsplit: a local slice (an uneven b
-                                      is padded first), no communication
-  a split, b split, and an unsplit    alltoall: the twin's stripes go to the
-  old dim (the "twin") slices like b  peers, a's stripes arrive
+  a split, no b                       allconcat over each axis of A, minor
+                                      first (the last one cuts the padding
+                                      of an uneven a)
+  b split, A free                     allsplit: a local slice per axis,
+                                      major first (an uneven b is padded
+                                      first), no communication
+  A one axis, and an unsplit old dim  alltoall: the twin's stripes go to the
+  (the "twin") slices like b          peers, a's stripes arrive
   otherwise                           allconcat, then allsplit
 
 "Select the same elements" is Mesh TensorFlow's cumprod rule: two dims with
@@ -41,7 +43,9 @@ RelayoutStep = collections.namedtuple(
      "mesh_axis",            # the mesh axis (None for reshape)
      "split_axis",           # tensor axis split (allsplit, alltoall)
      "concat_axis",          # tensor axis gathered (allconcat, alltoall)
-     "concat_size",          # true size of the gathered dim (strips padding)
+     "concat_size",          # true size of a fully gathered dim (cuts the
+                             # padding); None while other axes still split it
+     "padded_size",          # allsplit: the size the dim is padded to first
      "local_shape",          # the slice shape after the step
      "group_size",           # processors in each group (1 for local steps)
      "elements_per_device",  # elements of the slice each device puts in
@@ -135,67 +139,115 @@ def _same_selection(size_a, outer_a, size_b, outer_b, n):
   return size_a == size_b or (size_a % n == 0 and size_b % n == 0)
 
 
-def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4):
-  """The RelayoutPlan of reshaping old_shape to new_shape (equal sizes)
-  under mesh_layout's rules (see the module docstring)."""
-  old_layout = list(mesh_layout.tensor_layout(old_shape))
-  new_layout = list(mesh_layout.tensor_layout(new_shape))
+def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
+                 old_layout=None, new_layout=None):
+  """The RelayoutPlan of reshaping old_shape to new_shape (equal sizes;
+  equal shapes for a pure relayout) from old_layout to new_layout
+  (TensorLayouts; by default mesh_layout's layouts of the two shapes).
+  See the module docstring."""
+  if old_layout is None:
+    old_layout = mesh_layout.tensor_layout(old_shape)
+  if new_layout is None:
+    new_layout = mesh_layout.tensor_layout(new_shape)
+  size = mesh_layout.axis_size
+  # Per dim, its mesh axes of size > 1 (major first).
+  old_axes = [tuple(m for m in axes if size(m) > 1)
+              for axes in old_layout.dim_axes]
+  new_axes = [tuple(m for m in axes if size(m) > 1)
+              for axes in new_layout.dim_axes]
   # Per dim, the product of the sizes of the dims before it.
   old_pos, new_pos = old_shape.cumprod(), new_shape.cumprod()
-  local = mesh_layout.slice_shape(old_shape)
-  steps, split_after = [], []
+  local = [shard_size(d.size, _prod(size(m) for m in axes))
+           for d, axes in zip(old_shape.dims, old_axes)]
+  steps, held = [], {}   # held: new dim -> the axes its slices split over
 
-  def collective(kind, m, split_axis, concat_axis, sent_shape):
-    n = mesh_layout.axis_size(m)
+  def collective(kind, m, split_axis, concat_axis, sent_shape, concat_size):
+    n = size(m)
     elements = _prod(sent_shape)
     steps.append(RelayoutStep(
-        kind, m, split_axis, concat_axis,
-        old_shape.dims[concat_axis].size, tuple(local), n, elements,
-        collective_bytes(kind, n, elements, dtype_size)))
+        kind, m, split_axis, concat_axis, concat_size, None, tuple(local), n,
+        elements, collective_bytes(kind, n, elements, dtype_size)))
 
-  for m, mesh_dim in enumerate(mesh_layout.mesh_shape.dims):
-    n = mesh_dim.size
-    if n == 1:
+  def shards(axes):
+    return _prod(size(m) for m in axes)
+
+  def consistent(dim_size, axes, prefix):
+    # The slices over `axes`, regrouped by the minor axes beyond `prefix`,
+    # are exactly the slices over `prefix` (padding included).
+    return shard_size(dim_size, shards(axes)) * shards(
+        axes[len(prefix):]) == shard_size(dim_size, shards(prefix))
+
+  for a, axes in enumerate(old_axes):
+    if not axes:
       continue
-    a = old_layout.index(m) if m in old_layout else None
-    b = new_layout.index(m) if m in new_layout else None
-    if a is not None and b is not None and _same_selection(
-        old_shape.dims[a].size, old_pos[a], new_shape.dims[b].size,
-        new_pos[b], n):
-      continue
+    same_major = [b for b, bx in enumerate(new_axes) if bx[:1] == axes[:1]]
+    b = same_major[0] if same_major else None
     if b is not None:
-      twin = _twin(old_shape, old_pos, new_shape.dims[b].size, new_pos[b], n)
-      if a is not None and twin is not None and old_layout[twin] is None:
-        sent = list(local)
-        sent[twin] = n * shard_size(old_shape.dims[twin].size, n)
-        local[twin] = shard_size(old_shape.dims[twin].size, n)
-        local[a] = old_shape.dims[a].size
-        collective("alltoall", m, twin, a, sent)
-        old_layout[a], old_layout[twin] = None, m
+      prefix = _common_prefix(axes, new_axes[b])
+      size_a, size_b = old_shape.dims[a].size, new_shape.dims[b].size
+      if (_same_selection(size_a, old_pos[a], size_b, new_pos[b],
+                          shards(prefix)) and
+          consistent(size_a, axes, prefix) and
+          consistent(size_b, new_axes[b], prefix)):
+        # Keep the split over the common axes; gather the rest of a.
+        for m in reversed(axes[len(prefix):]):
+          sent = list(local)
+          local[a] *= size(m)
+          collective("allconcat", m, None, a, sent, None)
+        held[b] = prefix
+        old_axes[a] = prefix
         continue
-      split_after.append((m, b))
-    if a is not None:
+      if len(axes) == 1 and new_axes[b] == axes:
+        # The axis moves to a dim that an unsplit old dim (the twin)
+        # slices like b: its stripes travel to the peers, a's arrive.
+        n = shards(axes)
+        twin = _twin(old_shape, old_pos, size_b, new_pos[b], n)
+        if twin is not None and not old_axes[twin]:
+          sent = list(local)
+          sent[twin] = n * shard_size(old_shape.dims[twin].size, n)
+          local[twin] = shard_size(old_shape.dims[twin].size, n)
+          local[a] = size_a
+          collective("alltoall", axes[0], twin, a, sent, size_a)
+          old_axes[a], old_axes[twin] = (), axes
+          held[b] = axes
+          continue
+    # Gather a, minor axis first; the last gather cuts the padding.
+    for i, m in enumerate(reversed(axes)):
       sent = list(local)
-      local[a] = old_shape.dims[a].size
-      collective("allconcat", m, None, a, sent)
-      old_layout[a] = None
-  new_local = []
-  for d, m in zip(new_shape.dims, new_layout):
-    still_split = m is not None and m in old_layout
-    new_local.append(shard_size(d.size, mesh_layout.axis_size(m)) if still_split
-                     else d.size)
+      last = i == len(axes) - 1
+      local[a] = old_shape.dims[a].size if last else local[a] * size(m)
+      collective("allconcat", m, None, a, sent,
+                 old_shape.dims[a].size if last else None)
+    old_axes[a] = ()
+  new_local = [shard_size(d.size, shards(held.get(b, ())))
+               for b, d in enumerate(new_shape.dims)]
   if local != new_local:
     if _prod(local) != _prod(new_local):
       raise AssertionError("reshape plan %s -> %s: local sizes %s and %s "
                            "differ" % (old_shape, new_shape, local, new_local))
     local = new_local
-    steps.append(RelayoutStep("reshape", None, None, None, None, tuple(local),
-                              1, 0, 0))
-  for m, b in split_after:
-    local[b] = shard_size(new_shape.dims[b].size, mesh_layout.axis_size(m))
-    steps.append(RelayoutStep("allsplit", m, b, None, None, tuple(local),
-                              mesh_layout.axis_size(m), 0, 0))
+    steps.append(RelayoutStep("reshape", None, None, None, None, None,
+                              tuple(local), 1, 0, 0))
+  for b, axes in enumerate(new_axes):
+    rest = axes[len(held.get(b, ())):]
+    if not rest:
+      continue
+    # Pad to a multiple of the remaining axes' shards, split the major axis
+    # first.
+    padded = shard_size(new_shape.dims[b].size, shards(axes)) * shards(rest)
+    for m in rest:
+      local[b] = padded // size(m)
+      steps.append(RelayoutStep("allsplit", m, b, None, None, padded,
+                                tuple(local), size(m), 0, 0))
+      padded = local[b]
   return RelayoutPlan(old_shape, new_shape, steps)
+
+
+def _common_prefix(a, b):
+  n = 0
+  while n < min(len(a), len(b)) and a[n] == b[n]:
+    n += 1
+  return a[:n]
 
 
 def _twin(shape, outer_sizes, size, outer, n):

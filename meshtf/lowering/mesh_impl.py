@@ -222,33 +222,43 @@ class MeshImpl(object):
 
   def allconcat(self, x, mesh_axis, concat_axis, size=None):
     """Concatenates the slices along concat_axis across mesh_axis
-    (allgather). `size`: the true size of the gathered dim, when the slices
-    carry padding (an uneven split) -- the result is cut to it."""
-    if not self._axes_of_size_above_one([mesh_axis]):
-      return x
-    self._record("allconcat", [mesh_axis], x)
-    y = self._allconcat(x, mesh_axis, concat_axis)
-    return self._cut(y, concat_axis, size)
+    (allgather); mesh_axis may be a tuple of axes (major first: gathered
+    minor first). `size`: the true size of the gathered dim, when the
+    slices carry padding (an uneven split) -- the result is cut to it."""
+    for m in reversed(_axis_tuple(mesh_axis)):
+      if self._axes_of_size_above_one([m]):
+        self._record("allconcat", [m], x)
+        x = self._allconcat(x, m, concat_axis)
+    return self._cut(x, concat_axis, size)
 
-  def allsplit(self, x, mesh_axis, split_axis):
+  def allsplit(self, x, mesh_axis, split_axis, padded_size=None):
     """Each processor keeps its stripe of split_axis, which it holds whole:
-    a local slice, no communication. A size that mesh_axis does not divide
-    is padded to the next multiple first (the last stripes get the
-    padding)."""
-    n = self.shape.dims[mesh_axis].size
+    a local slice, no communication. mesh_axis may be a tuple of axes
+    (major first). The dim is first padded to padded_size (default: the
+    next multiple of the axes' processors), so uneven splits put their
+    padding on the last stripes."""
+    axes = [m for m in _axis_tuple(mesh_axis)
+            if self.shape.dims[m].size > 1]
+    n = 1
+    for m in axes:
+      n *= self.shape.dims[m].size
     if n == 1:
       return x
+    full = int(x.tensor_list[0].shape[split_axis])
+    padded = padded_size or n * -(-full // n)
+    x = self.slicewise(lambda t: _pad_to(t, split_axis, padded), x)
+    for m in axes:
+      size = padded // self.shape.dims[m].size
 
-    def fn(t, pcoord):
-      full = int(t.shape[split_axis])
-      size = -(-full // n)
-      t = _pad_to(t, split_axis, n * size)
-      begin = [0] * t.shape.rank
-      begin[split_axis] = tf.cast(pcoord, tf.int32) * size
-      sizes = list(t.shape)
-      sizes[split_axis] = size
-      return tf.slice(t, tf.stack(begin), sizes)
-    return self.slicewise(fn, x, self.laid_out_pcoord(mesh_axis))
+      def fn(t, pcoord, size=size):
+        begin = [0] * t.shape.rank
+        begin[split_axis] = tf.cast(pcoord, tf.int32) * size
+        sizes = list(t.shape)
+        sizes[split_axis] = size
+        return tf.slice(t, tf.stack(begin), sizes)
+      x = self.slicewise(fn, x, self.laid_out_pcoord(m))
+      padded = size
+    return x
 
   def alltoall(self, x, mesh_axis, split_axis, concat_axis, concat_size=None):
     """Stripes of split_axis go to the peers along mesh_axis; what arrives
@@ -323,7 +333,8 @@ class MeshImpl(object):
         x = self.alltoall(x, step.mesh_axis, step.split_axis,
                           step.concat_axis, concat_size=step.concat_size)
       elif step.kind == "allsplit":
-        x = self.allsplit(x, step.mesh_axis, step.split_axis)
+        x = self.allsplit(x, step.mesh_axis, step.split_axis,
+                          step.padded_size)
       elif step.kind == "reshape":
         x = self.slicewise(
             lambda t, s=list(step.local_shape): tf.reshape(t, s), x)
@@ -340,12 +351,12 @@ class MeshImpl(object):
 
   def unsplit_dim(self, x, shape, tensor_axis):
     """The whole of dim `tensor_axis` of shape on every processor: an
-    allconcat over its mesh axis (padding stripped), or x itself where the
+    allconcat over its mesh axes (padding stripped), or x itself where the
     dim is not split."""
     s = self._layout.dim_split(shape, tensor_axis)
     if not s.is_split:
       return x
-    return self.allconcat(x, s.mesh_axis, tensor_axis, size=s.size)
+    return self.allconcat(x, s.mesh_axes, tensor_axis, size=s.size)
 
   def resplit_dim(self, x, shape, tensor_axis):
     """Keeps this processor's stripe of dim `tensor_axis`, which x holds
@@ -353,7 +364,18 @@ class MeshImpl(object):
     s = self._layout.dim_split(shape, tensor_axis)
     if not s.is_split:
       return x
-    return self.allsplit(x, s.mesh_axis, tensor_axis)
+    return self.allsplit(x, s.mesh_axes, tensor_axis, s.padded_size)
+
+  def laid_out_shard_index(self, mesh_axes):
+    """Per processor, which stripe of a dim split over mesh_axes (a tuple,
+    major first; or one axis) it holds: a laid-out int32 scalar."""
+    axes = _axis_tuple(mesh_axes)
+    index = self.laid_out_pcoord(axes[0])
+    for m in axes[1:]:
+      n = self.shape.dims[m].size
+      index = self.slicewise(lambda i, c, n=n: i * n + c, index,
+                             self.laid_out_pcoord(m))
+    return index
 
   def gather_full(self, x, shape):
     """The full tensor on every processor: each split dim gathered."""
@@ -373,13 +395,13 @@ class MeshImpl(object):
     rank = len(shape.dims)
     mask = None
     for s in pads:
-      def valid(pcoord, s=s):
-        begin = tf.cast(pcoord, tf.int32) * s.shard_size
+      def valid(shard, s=s):
+        begin = tf.cast(shard, tf.int32) * s.shard_size
         ok = tf.range(s.shard_size, dtype=tf.int32) + begin < s.size
         view = [1] * rank
         view[s.tensor_axis] = s.shard_size
         return tf.reshape(ok, view)
-      m = self.slicewise(valid, self.laid_out_pcoord(s.mesh_axis))
+      m = self.slicewise(valid, self.laid_out_shard_index(s.mesh_axes))
       mask = m if mask is None else self.slicewise(tf.logical_and, mask, m)
     return mask
 
@@ -429,15 +451,17 @@ class MeshImpl(object):
 
   def assemble_slices(self, slice_list, shape, device=None):
     """The full tensor from one slice per processor (in pnum order):
-    concatenates along each split mesh axis, last axis first, keeping the
-    slices of processor coordinate 0 along replicated axes, then cuts the
-    padding of uneven dims."""
-    layout = self.tensor_layout(shape)
-    mesh_to_tensor = layout.mesh_axis_to_tensor_axis(self.ndims)
+    concatenates along each dim over its mesh axes (minor axis first),
+    keeping the slices of processor coordinate 0 along replicated axes,
+    then cuts the padding of uneven dims."""
+    shape = shapes.convert_to_shape(shape)
+    merges = [(m, s.tensor_axis) for s in self._layout.dim_splits(shape)
+              for m in reversed(s.mesh_axes)]
+    used = {m for m, _ in merges}
+    merges += [(m, None) for m in range(self.ndims) if m not in used]
     with tf.device(device):
       current = dict(enumerate(slice_list))
-      for m in reversed(range(self.ndims)):
-        t_axis = mesh_to_tensor[m]
+      for m, t_axis in merges:
         nxt = {}
         for group in self.processor_groups([m]):
           if group[0] not in current:
@@ -446,7 +470,7 @@ class MeshImpl(object):
                            tf.concat([current[p] for p in group], t_axis))
         current = nxt
       full = current[0]
-      sizes = shapes.convert_to_shape(shape).to_integer_list
+      sizes = shape.to_integer_list
       if full.shape.as_list() != sizes:
         full = tf.slice(full, [0] * len(sizes), sizes)
       return tf.identity(full)
@@ -476,6 +500,11 @@ class MeshImpl(object):
     """Full value of a VariableEntry, read from its per-slice variables."""
     return self.assemble_slices([v.value() for v in entry.slices],
                                 entry.shape)
+
+
+def _axis_tuple(mesh_axis):
+  return tuple(mesh_axis) if isinstance(mesh_axis, (tuple, list)) else (
+      mesh_axis,)
 
 
 def _take(t, axis, begin, size):

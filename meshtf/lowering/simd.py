@@ -429,7 +429,8 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
 
   def local_slice_begin(self, tensor_shape):
     """int64 vector: global start of this processor's slice, per dim."""
-    begin = [tf.cast(self.pcoord(s.mesh_axis), tf.int64) * s.shard_size
+    begin = [tf.cast(self.laid_out_shard_index(s.mesh_axes).one_slice,
+                     tf.int64) * s.shard_size
              if s.is_split else tf.constant(0, tf.int64)
              for s in self.mesh_layout.dim_splits(tensor_shape)]
     return tf.stack(begin) if begin else tf.zeros([0], tf.int64)

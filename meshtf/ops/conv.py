@@ -293,6 +293,16 @@ class _ConvBase(graph_lib.Operation):
     for d, w, b, od, fd, st in zip(g.spatial, g.within, g.blocks,
                                    g.out_spatial, g.filter_spatial,
                                    g.strides):
+      for spatial in (w, b) if b is not None else (w,):
+        axes = mesh_layout.split_axes(spatial)
+        if len(axes) > 1:
+          raise errors.LayoutError(
+              "%s %r: %s dim %r is split over several mesh axes %s; the "
+              "halo exchange runs along one mesh axis. Split %r over one "
+              "axis (or not at all)." % (
+                  self._label, self.name, "blocks" if spatial is b else
+                  "spatial", spatial.name,
+                  list(mesh_layout.mesh_axis_names(axes)), spatial.name))
       a = mesh_layout.split_axis(w)
       if a is not None and b is not None:
         m = mesh_layout.shape.dims[a]
@@ -400,9 +410,9 @@ class ConvOperation(_ConvBase):
       y = restore_batch(tf_conv(flat, fs, g.strides), batch)
       return g.from_image(y, y_sizes)
     y = impl.slicewise(local, x, f)
-    a = impl.split_axis(g.in_dim)
-    if a is not None:  # partial sums over this processor's in channels
-      y = lowering_lib.PendingSum(impl, y, [a])
+    axes = impl.mesh_layout.split_axes(g.in_dim)
+    if axes:  # partial sums over this processor's in channels
+      y = lowering_lib.PendingSum(impl, y, axes)
     lowering.set_tensor_lowering(out, y)
 
 
@@ -457,9 +467,9 @@ class ConvInputGradOperation(_ConvBase):
     if g.has_blocks:
       x_sizes = impl.slice_shape(out.shape)
       dx = impl.slicewise(lambda t: g.from_image(t, x_sizes), dx)
-    a = impl.split_axis(g.out_dim)
-    if a is not None:  # partial sums over this processor's out channels
-      dx = lowering_lib.PendingSum(impl, dx, [a])
+    axes = impl.mesh_layout.split_axes(g.out_dim)
+    if axes:  # partial sums over this processor's out channels
+      dx = lowering_lib.PendingSum(impl, dx, axes)
     lowering.set_tensor_lowering(out, dx)
 
 
@@ -508,18 +518,16 @@ class ConvFilterGradOperation(_ConvBase):
       return tf_filter_grad(xs, dys, f_sizes, g.strides)
     df = impl.slicewise(local, x, _zero_padding(lowering, dy_t))
     # Summed over this processor's batch rows, blocks and positions.
-    reduced = sorted({a for a in (impl.split_axis(d)
-                                  for d in dy_t.shape.dims[:-1])
-                      if a is not None})
-    filter_axes = [(i, impl.split_axis(d))
-                   for i, d in enumerate(out.shape.dims[:nd])]
-    filter_axes = [(i, a) for i, a in filter_axes if a is not None]
-    if filter_axes:
+    reduced = sorted({a for d in dy_t.shape.dims[:-1]
+                      for a in impl.mesh_layout.split_axes(d)})
+    filter_dims = [i for i, d in enumerate(out.shape.dims[:nd])
+                   if impl.mesh_layout.split_axes(d)]
+    if filter_dims:
       # A split filter dim may share a mesh axis with a reduced dim: reduce
       # first, then keep this processor's stripe.
       df = impl.allreduce(df, reduced, "SUM") if reduced else df
-      for i, a in filter_axes:
-        df = impl.allsplit(df, a, i)
+      for i in filter_dims:
+        df = impl.resplit_dim(df, out.shape, i)
     elif reduced:
       df = lowering_lib.PendingSum(impl, df, reduced)
     lowering.set_tensor_lowering(out, df)

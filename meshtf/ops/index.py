@@ -73,12 +73,12 @@ def dim_offset(impl, dim):
   laid-out int32 scalar, or the number 0 when dim is not split (slicewise
   passes non-laid-out arguments through unchanged). Stripes have
   ceil(size / axis size) positions (uneven splits are padded at the end)."""
-  a = impl.split_axis(dim)
-  if a is None:
+  axes = impl.mesh_layout.split_axes(dim)
+  if not axes:
     return 0
-  stripe = -(-dim.size // impl.shape.dims[a].size)
-  return impl.slicewise(lambda p: tf.cast(p, tf.int32) * stripe,
-                        impl.laid_out_pcoord(a))
+  stripe = impl.mesh_layout.dim_split(shapes.Shape([dim]), 0).shard_size
+  return impl.slicewise(lambda i: tf.cast(i, tf.int32) * stripe,
+                        impl.laid_out_shard_index(axes))
 
 
 def _prod(values):
@@ -208,15 +208,15 @@ class _LookupPlan(object):
     return shape
 
   def ids_dim_on_dim_axis(self, impl):
-    """The indices-only dim that splits over the looked-up dim's mesh axis,
-    or None. At most one can (the indices are a valid tensor), and it is
-    the only way the two operands' layouts can clash: the shared and
-    table-only dims sit in one tensor with `dim`, or in the result with
+    """The indices-only dim that splits over one of the looked-up dim's
+    mesh axes, or None. At most one can (the indices are a valid tensor),
+    and it is the only way the two operands' layouts can clash: the shared
+    and table-only dims sit in one tensor with `dim`, or in the result with
     the indices-only dims."""
-    a = impl.split_axis(self.dim)
+    axes = set(impl.mesh_layout.split_axes(self.dim))
     for n in self.ids_only:
-      if a is not None and impl.split_axis(
-          self.union.get_dim_by_name(n)) == a:
+      if axes & set(impl.mesh_layout.split_axes(
+          self.union.get_dim_by_name(n))):
         return n
     return None
 
@@ -276,13 +276,13 @@ class GatherOperation(graph_lib.Operation):
     if q is not None:
       # q and dim share a mesh axis, so no processor holds matching stripes
       # of both: look up all of q in the own rows, then reduce-scatter.
-      ids_t = impl.allconcat(ids_t, impl.split_axis(p.dim), i_names.index(q))
+      ids_t = impl.unsplit_dim(ids_t, indices.shape, i_names.index(q))
     value = impl.slicewise(local, lowering.tensors[weights], ids_t,
                            dim_offset(impl, p.dim))
     axes = impl.reduced_mesh_axes(p.union, out.shape)  # dim's axis, if split
     if q is not None:
-      value = impl.allsplit(impl.allreduce(value, axes, "SUM"), axes[0],
-                            out.shape.dimension_names.index(q))
+      value = impl.resplit_dim(impl.allreduce(value, axes, "SUM"), out.shape,
+                               out.shape.dimension_names.index(q))
     elif axes:
       value = lowering_lib.PendingSum(impl, value, axes)
     lowering.set_tensor_lowering(out, value)
@@ -341,16 +341,18 @@ class ScatterAddOperation(graph_lib.Operation):
                                  p.table_only, out.shape.dimension_names)
     u_t, ids_t = lowering.tensors[updates], lowering.tensors[indices]
     q = p.ids_dim_on_dim_axis(impl)
-    mesh_axis = impl.split_axis(p.dim)
+    gathered = ()
     if q is not None:
       # q shares dim's mesh axis: gather all of q, so that each processor
       # adds every update that lands in its own rows.
-      u_t = impl.allconcat(u_t, mesh_axis, u_names.index(q))
-      ids_t = impl.allconcat(ids_t, mesh_axis, i_names.index(q))
+      u_t = impl.unsplit_dim(u_t, updates.shape, u_names.index(q))
+      ids_t = impl.unsplit_dim(ids_t, indices.shape, i_names.index(q))
+      gathered = impl.mesh_layout.split_axes(
+          indices.shape.get_dim_by_name(q))
     value = impl.slicewise(local, u_t, ids_t, dim_offset(impl, p.dim))
     # Updates from the indices' other stripes land in the same rows.
     axes = [a for a in impl.reduced_mesh_axes(p.union, out.shape)
-            if q is None or a != mesh_axis]
+            if a not in gathered]
     if axes:
       value = lowering_lib.PendingSum(impl, value, axes)
     lowering.set_tensor_lowering(out, value)
@@ -447,7 +449,7 @@ class CumsumOperation(graph_lib.Operation):
         return local_cumsum(s) + tf.gather(before, tf.reshape(pcoord, [1]),
                                            axis=axis)
       value = impl.slicewise(combine, t, totals,
-                             impl.laid_out_pcoord(mesh_axis))
+                             impl.laid_out_shard_index(mesh_axis))
     if pending:
       value = lowering_lib.PendingSum(impl, value, raw.mesh_axes)
     lowering.set_tensor_lowering(out, value)

@@ -48,6 +48,12 @@ class _PoolBase(graph_lib.Operation):
       a = mesh_layout.split_axis(d)
       if a is None:
         continue
+      if isinstance(a, tuple):
+        raise errors.LayoutError(
+            "%s %r: spatial dim %r is split over several mesh axes %s; "
+            "split it over one axis (or not at all)." % (
+                self._label, self.name, d.name,
+                list(mesh_layout.mesh_axis_names(a))))
       m = mesh_layout.shape.dims[a]
       stripe = -(-d.size // m.size)
       # Windows must tile every stripe, and the pooled stripes must line up

@@ -399,14 +399,15 @@ class ShiftOperation(_FloatGradient, graph_lib.Operation):
       lowering.set_tensor_lowering(out, impl.slicewise(tf.zeros_like, t))
       return
     split = impl.mesh_layout.dim_split(x.shape, axis)
-    mesh_axis = split.mesh_axis
-    if mesh_axis is None or not split.is_even:
-      # Unsplit, or split unevenly (where the stripes do not tile the dim
-      # evenly): shift the whole dim locally (gathered first if split).
+    if len(split.mesh_axes) != 1 or not split.is_even:
+      # Unsplit, or split unevenly or over several axes (where a halo from
+      # one neighbour along one axis does not do): shift the whole dim
+      # locally (gathered first if split).
       t = _unsplit(impl, t, x.shape, axis)
       t = impl.slicewise(lambda s: _local_shift(s, axis, offset, wrap), t)
       lowering.set_tensor_lowering(out, _resplit(impl, t, x.shape, axis))
       return
+    mesh_axis = split.mesh_axis
     # Halo exchange. With stripe s and offset = q * s + r (0 <= r < s), the
     # out stripe of processor p is [last r of stripe p-q-1, first s-r of
     # stripe p-q]: each sender slices before sending, so only s elements

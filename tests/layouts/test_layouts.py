@@ -75,7 +75,7 @@ def test_unknown_mesh_axis_error():
 
 
 def test_one_dim_on_two_axes_rejected():
-  with pytest.raises(mtf.LayoutError, match="several mesh axes"):
+  with pytest.raises(mtf.LayoutError, match=r"over both with 'batch:rows\+cols'"):
     mtf.convert_to_layout_rules("batch:rows;batch:cols")
 
 

@@ -190,6 +190,8 @@ UNEVEN_LAYOUTS = [
     ("all:8", "hidden:all"),                      # hidden:7, one stripe empty
     ("rows:2;cols:4", "batch:rows;io:cols"),      # batch:3 and io:5
     ("a:3;b:2", "batch:a;hidden:b"),
+    ("rows:2;cols:4", "io:cols+rows"),            # io:5 over 8, cols major
+    ("a:2;b:2;c:2", "batch:c;hidden:b+a"),
 ]
 
 

@@ -430,6 +430,8 @@ UNEVEN_LAYOUTS = [
     ("all:8", "vocab:all"),
     ("rows:2;cols:4", "batch:rows;vocab:cols"),
     ("a:3", "batch:a"),
+    ("rows:2;cols:4", "vocab:cols+rows"),
+    ("a:2;b:2;c:2", "batch:a+b;vocab:c"),
 ]
 
 

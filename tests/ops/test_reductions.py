@@ -271,6 +271,9 @@ UNEVEN_LAYOUTS = [
     ("all:8", "vocab:all"),
     ("rows:2;cols:4", "batch:rows;vocab:cols"),
     ("a:3", "batch:a"),
+    # One dim over two axes, in and against the mesh's axis order.
+    ("rows:2;cols:4", "vocab:rows+cols"),
+    ("rows:2;cols:4", "batch:cols+rows"),
 ]
 
 

@@ -158,14 +158,19 @@ def reshape_problems(draw, factorizations=None, meshes=FUZZ_MESHES,
   sizes = {}
   for n, size in list(zip(old_names, old)) + list(zip(new_names, new)):
     sizes.setdefault(n, []).append(size)
+  choices = [None] + mesh.dimension_names
+  if not even:   # a dim over two axes, in either order
+    choices += ["%s+%s" % (a, b) for a in mesh.dimension_names
+                for b in mesh.dimension_names if a != b]
   rules = {}
   for n in sorted(sizes):
-    axis = draw(st.sampled_from([None] + mesh.dimension_names))
+    axis = draw(st.sampled_from(choices))
     if axis is None or (even and any(
         sz % mesh.get_dim_by_name(axis).size for sz in sizes[n])):
       continue
     # A tensor's two dims may not share a mesh axis.
-    if not any(n in names and rules.get(m) == axis
+    axes = set(axis.split("+"))
+    if not any(n in names and axes & set(rules.get(m, "").split("+"))
                for names in (old_names, new_names) for m in names):
       rules[n] = axis
   assume(rules)
@@ -408,7 +413,8 @@ def _forward_stats(old_shape, new_shape, mesh_shape, layout, backend):
                         even=False),
        st.sampled_from(["placement", "simd"]))
 def test_reshape_any_uneven_layout_and_its_plan(problem, backend):
-  """Random reshapes of 60 elements under layouts that split unevenly:
+  """Random reshapes of 60 elements under layouts that split unevenly and
+  over several axes:
   row-major values and gradients (padding poisoned), and the collectives
   the reshape emits are the MeshLayout's plan, byte for byte."""
   old_shape, new_shape, mesh, layout = problem
