@@ -54,6 +54,8 @@ from meshtf.ops.control import recompute_grad
 from meshtf.ops.microbatch import serialize_training_step
 from meshtf.ops.control import while_loop
 from meshtf.ops.passthrough import DependOperation as Depend
+from meshtf.ops.annotations import replicate
+from meshtf.ops.annotations import shard
 from meshtf.ops.einsum import einsum
 from meshtf.ops.einsum import matmul
 from meshtf.ops.elementwise import *  # noqa: F401,F403  (op names)

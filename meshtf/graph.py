@@ -184,6 +184,22 @@ class Operation(object):
   creates_variable_slices = False
   imports_host_slices = False
   inner_operations = ()
+  # A per-tensor layout (meshtf/layouts/assignment.py): layout_spec is
+  # LayoutRules naming the output's exact layout (mtf.shard, a variable's
+  # layout); layout_source a Tensor whose layout the output takes (the
+  # adjoint of mtf.shard); layout_label names the annotation in errors.
+  layout_spec = None
+  layout_source = None
+
+  @property
+  def layout_label(self):
+    return "%s %r" % (type(self).__name__, self.name)
+
+  def layout_dim_groups(self):
+    """Sets of dim names, beyond each input's and output's, that must split
+    over distinct mesh axes when a computation layout is chosen (einsum:
+    all its dims)."""
+    return ()
 
   def validate_layout(self, mesh_layout):
     """Raises LayoutError if mesh_layout (a MeshLayout, or a MeshImpl) can

@@ -7,24 +7,28 @@ parameters per layer (attention + feed-forward); Adafactor. The 1T row is
 4x wider per layer (M 16384, H 131072, N 256). Table 3 ("narrow"): M 4096,
 H 16384, N 64, D 128, 64 layers, 16B parameters.
 
-Sharding. GSPMD's "2D Attempt 1" (Table 1) shards M along X and H, N
-along Y in every weight and activation; in meshtf's named-dimension
-layout that is
+Sharding (GSPMD Table 1, on the (X, Y) mesh). The layout rules lay out the
+weights; GSPMD's activation annotations are config.activation_layout,
+which the Transformer's layers apply to the residual stream (BSM), the
+attention projections (BSND) and the feed-forward hidden (BSH):
 
-  layout = d_model:x;d_ff:y;heads:y;vocab:y        (variant "attempt1")
+  variant     layout (weights)                   activation_layout
+  finalized   d_model:x;d_ff:y;heads:y;vocab:y   batch:x;d_model:y;d_ff:y;heads:y
+  attempt2    d_model:x;d_ff:y;heads:y;vocab:y   batch:x;d_ff:y;heads:y
+  attempt1    d_model:x;d_ff:y;heads:y;vocab:y   (none: M on X, H and N on Y
+                                                  in every tensor)
 
-GSPMD's finalized sharding gives one dimension different mesh axes in
-different tensors (M is on X in the weights but on Y in the activations,
-and the batch is on X too); a meshtf layout maps a dimension name to one
-mesh axis in every tensor, so the closest is "Attempt 2" without
-weight-update sharding: the batch on X, H and N on Y, weights replicated
-over X (data parallel over X, Megatron-style model parallel over Y):
-
-  layout = batch:x;d_ff:y;heads:y;vocab:y          (variant "2d", default)
+"finalized" (the default) is GSPMD's "2D finalized": M is on X in the
+weights but on Y in the activations, and the batch is on X. Each layer
+then allgathers BSM over Y and its weights over X, and reduces its output
+BSM over Y (GSPMD Figure 7; the reduce-scatter form arrives with the
+memory issue), and every long-lived tensor is split over all X * Y
+devices.
 
 Pick a row and a variant with the config string:
-  --config=t2t_configs/gspmd_dense.py:64B_16x32            (default)
+  --config=t2t_configs/gspmd_dense.py:64B_16x32            (finalized)
   --config=t2t_configs/gspmd_dense.py:64B_16x32,attempt1
+  --config=t2t_configs/gspmd_dense.py:tiny                 (8 virtual CPUs)
 
   row          layers  M      H       N    D    mesh (X,Y)  batch
   64B_8x16       32    8192   65536  128  256    (8,16)      64
@@ -42,7 +46,8 @@ Pick a row and a variant with the config string:
   16B_32x8       64    4096   16384   64  128    (32,8)     192
 
 The vocabulary, 32000 = 250 * 128, splits evenly over every Y above.
-Symbolic use only (128 to 2048 devices).
+The paper rows are for symbolic use (128 to 2048 devices); "tiny" is the
+same model and sharding scaled down to an x:2;y:4 mesh that trains here.
 """
 from meshtf.train import config as config_lib
 
@@ -63,18 +68,23 @@ ROWS = {  # name: (layers, (M, H, N, D), (X, Y), batch)
     "16B_16x8": (64, NARROW, (16, 8), 96),
     "16B_32x8": (64, NARROW, (32, 8), 192),
 }
-LAYOUTS = {"2d": "batch:x;d_ff:y;heads:y;vocab:y",
-           "attempt1": "d_model:x;d_ff:y;heads:y;vocab:y"}
+TINY = (2, (16, 32, 4, 4), (2, 4), 8)
+WEIGHTS = "d_model:x;d_ff:y;heads:y;vocab:y"
+VARIANTS = {  # name: (layout, activation_layout)
+    "finalized": (WEIGHTS, "batch:x;d_model:y;d_ff:y;heads:y"),
+    "attempt2": (WEIGHTS, "batch:x;d_ff:y;heads:y"),
+    "attempt1": (WEIGHTS, ""),
+}
 
 
 def get_config(arg="64B_16x32"):
   row, _, variant = (arg or "64B_16x32").partition(",")
-  variant = variant or "2d"
-  if row not in ROWS or variant not in LAYOUTS:
+  variant = variant or "finalized"
+  if (row not in ROWS and row != "tiny") or variant not in VARIANTS:
     raise ValueError("gspmd_dense: %r is not ROW[,VARIANT] with ROW in %s "
-                     "and VARIANT in %s" % (arg, ", ".join(ROWS),
-                                            ", ".join(LAYOUTS)))
-  layers, (m, h, n, d), (x, y), batch = ROWS[row]
+                     "or tiny, and VARIANT in %s" % (
+                         arg, ", ".join(ROWS), ", ".join(VARIANTS)))
+  layers, (m, h, n, d), (x, y), batch = ROWS.get(row, TINY)
   c = config_lib.default_config()
   c.model_type = "lm"
   c.vocab_size = 32000
@@ -89,7 +99,7 @@ def get_config(arg="64B_16x32"):
   c.dropout_rate = 0.0
   c.moe.num_experts = 0
   c.mesh_shape = "x:%d;y:%d" % (x, y)
-  c.layout = LAYOUTS[variant]
+  c.layout, c.activation_layout = VARIANTS[variant]
   c.optimizer = "adafactor"
   c.learning_rate = 0.01
   c.schedule = "rsqrt"
@@ -100,4 +110,8 @@ def get_config(arg="64B_16x32"):
   c.log_every = 10
   c.target_accuracy = 1.0
   c.stop_at_target = False
+  if row == "tiny":
+    c.vocab_size, c.vocab_divisor, c.length = 64, 8, 8
+    c.learning_rate, c.warmup_steps, c.train_steps = 0.01, 0, 40
+    c.checkpoint_every, c.eval_every, c.log_every = 20, 20, 10
   return c

@@ -35,10 +35,30 @@ BACKENDS = {
 TWO_D = ("rows:2;cols:4",)
 
 
-def make_impl(backend, mesh_shape, layout):
+def make_impl(backend, mesh_shape, layout, variable_layout=None):
   shape = mtf.convert_to_shape(mesh_shape)
-  return BACKENDS[backend](shape, mtf.convert_to_layout_rules(layout),
-                           DEVICES[:shape.size])
+  mesh_layout = mtf.MeshLayout(shape, layout, variable_layout)
+  return BACKENDS[backend](mesh_layout, None, DEVICES[:shape.size])
+
+
+def annotated(layout, annotations):
+  """A layout entry of assert_layout_invariant with per-tensor layouts:
+  `annotations` maps input names to mtf.shard layouts, and "_variables" to
+  the MeshLayout's variable_rules.
+
+  Example:
+    >>> annotated("vocab:rows", {"x": "batch:cols;vocab:rows+cols"})
+  """
+  return (layout, tuple(sorted(annotations.items())))
+
+
+def _layout_parts(layout):
+  """(rules, {input: annotation}, variable rules) of a layout entry."""
+  if isinstance(layout, tuple):
+    rules, annotations = layout
+    annotations = dict(annotations)
+    return rules, annotations, annotations.pop("_variables", None)
+  return layout, {}, None
 
 
 def random_array(shape, seed, dtype=np.float32, low=-1.0, high=1.0):
@@ -61,11 +81,16 @@ def run_model(model_fn, inputs, mesh_shape, layout, backend="placement",
   inputs: {name: (numpy array, meshtf shape string)}.
   model_fn(mesh, {name: meshtf Tensor}) -> {name: meshtf Tensor}.
   """
+  rules, annotations, variable_layout = _layout_parts(layout)
   graph = mtf.Graph(seed=seed)
   mesh = mtf.Mesh(graph, "mesh")
   mtf_inputs = {name: mtf.import_tf_tensor(mesh, tf.constant(arr), shape,
                                            name="input_" + name)
                 for name, (arr, shape) in sorted(inputs.items())}
+  imported = dict(mtf_inputs)
+  for name, spec in sorted(annotations.items()):
+    if name in mtf_inputs:   # one layout list may serve several tests
+      mtf_inputs[name] = mtf.shard(mtf_inputs[name], spec)
   outputs = model_fn(mesh, mtf_inputs)
   terms = []
   for i, (name, t) in enumerate(sorted(outputs.items())):
@@ -75,7 +100,7 @@ def run_model(model_fn, inputs, mesh_shape, layout, backend="placement",
           t.dtype.as_numpy_dtype)), t.shape, name="cotangent_" + name)
       # One dtype for the objective, whatever the outputs' float types.
       terms.append(mtf.cast(mtf.reduce_sum(t * c), tf.float32))
-  wrt_tensors = [mtf_inputs[n] for n in wrt] + [
+  wrt_tensors = [imported[n] for n in wrt] + [
       v.outputs[0] for v in graph.trainable_variables]
   wrt_names = list(wrt) + [v.name for v in graph.trainable_variables]
   grads = {}
@@ -83,7 +108,7 @@ def run_model(model_fn, inputs, mesh_shape, layout, backend="placement",
     objective = mtf.add_n(terms)
     for n, g in zip(wrt_names, mtf.gradients([objective], wrt_tensors)):
       grads[n] = g
-  impl = make_impl(backend, mesh_shape, layout)
+  impl = make_impl(backend, mesh_shape, rules, variable_layout)
   # Only what is compared leaves the SPMD program (returning every tensor
   # would keep every intermediate alive and copy it out).
   wanted = list(outputs.values()) + [g for g in grads.values() if g is not None]
@@ -116,9 +141,9 @@ def graph_optimizer_off():
 
 
 def _splits_something(result, mesh_shape, layout, backend):
-  impl = make_impl(backend, mesh_shape, layout)
+  lowering = result.lowering
   return any(s.is_split for op in result.graph.operations for t in op.outputs
-             for s in impl.mesh_layout.dim_splits(t))
+             for s in lowering.layout_of(t).dim_splits(t))
 
 
 def assert_close(actual, expected, rtol, atol, what):

@@ -38,6 +38,7 @@ import collections
 import numpy as np
 
 from meshtf import shapes
+from meshtf.layouts import assignment
 from meshtf.layouts import errors
 from meshtf.layouts import layout_rules as rules_lib
 from meshtf.layouts import relayout
@@ -118,7 +119,7 @@ class MeshLayout(object):
   names an axis the mesh lacks or the mesh has a size below 1.
   """
 
-  def __init__(self, mesh_shape, layout_rules=None):
+  def __init__(self, mesh_shape, layout_rules=None, variable_rules=None):
     self._mesh = shapes.convert_to_shape(mesh_shape)
     for d in self._mesh.dims:
       if d.size < 1:
@@ -128,14 +129,19 @@ class MeshLayout(object):
             % (errors.describe_mesh(self._mesh), d.name, d.size))
     self._rules = rules_lib.convert_to_layout_rules(layout_rules)
     rules_lib.validate_layout_rules(self._rules, self._mesh)
+    self._variable_rules = None
+    if variable_rules is not None:
+      self._variable_rules = rules_lib.convert_to_layout_rules(variable_rules)
+      rules_lib.validate_layout_rules(self._variable_rules, self._mesh)
     self._axis_of_name = {d.name: i for i, d in enumerate(self._mesh.dims)}
     self._layouts = {}
     self._groups = {}
+    self._derived = {}
 
   @classmethod
   def convert(cls, mesh_shape, layout_rules=None):
     """mesh_shape itself if it is a MeshLayout (layout_rules must then be
-    None), else MeshLayout(mesh_shape, layout_rules)."""
+    None or its rules), else MeshLayout(mesh_shape, layout_rules)."""
     if isinstance(mesh_shape, MeshLayout):
       if layout_rules is not None and (rules_lib.convert_to_layout_rules(
           layout_rules) != mesh_shape.layout_rules):
@@ -147,20 +153,36 @@ class MeshLayout(object):
   mesh_shape = property(lambda self: self._mesh)
   shape = mesh_shape  # MeshImpl's name for it
   layout_rules = property(lambda self: self._rules)
+  # The stored layout of every variable (None: the rules), e.g. GSPMD's
+  # weight-update sharding: "d_model:data" while activations split batch.
+  variable_rules = property(lambda self: self._variable_rules)
+
+  def with_rules(self, layout_rules):
+    """A MeshLayout on the same mesh with other rules (no variable rules),
+    cached: the computation layout of an operation (assignment.py)."""
+    rules = rules_lib.convert_to_layout_rules(layout_rules)
+    if rules == self._rules and self._variable_rules is None:
+      return self
+    if rules not in self._derived:
+      self._derived[rules] = MeshLayout(self._mesh, rules)
+    return self._derived[rules]
   ndims = property(lambda self: self._mesh.ndims)
   size = property(lambda self: self._mesh.size)
 
   def __repr__(self):
-    return "MeshLayout(%r, %r)" % (
+    extra = "" if self._variable_rules is None else ", variable_rules=%r" % (
+        ";".join("%s:%s" % p for p in self._variable_rules.pairs))
+    return "MeshLayout(%r, %r%s)" % (
         ";".join("%s:%d" % (d.name, d.size) for d in self._mesh.dims),
-        ";".join("%s:%s" % p for p in self._rules.pairs))
+        ";".join("%s:%s" % p for p in self._rules.pairs), extra)
 
   def __eq__(self, other):
     return (isinstance(other, MeshLayout) and self._mesh == other._mesh and
-            self._rules == other._rules)
+            self._rules == other._rules and
+            self._variable_rules == other._variable_rules)
 
   def __hash__(self):
-    return hash((self._mesh, self._rules))
+    return hash((self._mesh, self._rules, self._variable_rules))
 
   def axis_size(self, mesh_axis):
     return self._mesh.dims[mesh_axis].size
@@ -199,6 +221,14 @@ class MeshLayout(object):
     axes = self._rules.tensor_dimension_to_mesh_axes(
         shapes.convert_to_dimension(dim), self._mesh)
     return tuple(a for a in axes if self._mesh.dims[a].size > 1)
+
+  def split_axes_of_name(self, dim_name):
+    """split_axes of a dim, by name (rules are by name)."""
+    names = self._rules.mesh_axis_names(dim_name)
+    if any(n not in self._axis_of_name for n in names):
+      return ()
+    return tuple(self._axis_of_name[n] for n in names
+                 if self._mesh.dims[self._axis_of_name[n]].size > 1)
 
   def split_axis(self, dim):
     """The mesh axis of size > 1 that splits dim; None if none splits it;
@@ -329,13 +359,24 @@ class MeshLayout(object):
   # --- whole graphs and relayouts ------------------------------------------
   def validate_operations(self, operations):
     """Computes every output's layout and runs each operation's own layout
-    check (Operation.validate_layout); raises the first LayoutError. The
-    Lowering and the training binary's preflight both call this, so they
-    accept and refuse exactly the same layouts."""
+    check (Operation.validate_layout) under these rules; raises the first
+    LayoutError."""
     for op in operations:
       for t in op.outputs:
         self.tensor_layout(t)
       op.validate_layout(self)
+
+  def assign(self, operations):
+    """The GraphLayout of operations (annotations, variable layouts and
+    their propagation: meshtf/layouts/assignment.py), each operation
+    checked under its computation layout; raises the first LayoutError.
+    The Lowering and the training binary's preflight both call this, so
+    they accept and refuse exactly the same layouts."""
+    operations = list(operations)
+    graph_layout = assignment.assign_layouts(self, operations)
+    for op in operations:
+      graph_layout.op_layout(op).validate_operations([op])
+    return graph_layout
 
   def relayout_plan(self, old_shape, new_shape, dtype_size=4,
                     old_layout=None, new_layout=None):

@@ -68,16 +68,36 @@ def all_operations(operations):
 
 
 class _TensorMap(dict):
-  """tensor -> laid-out value; reading materialises pending sums."""
+  """tensor -> laid-out value in the tensor's own layout; reading
+  materialises pending sums. While an operation lowers under a computation
+  layout (`current`), reading an input gives its value relaid into that
+  layout (Lowering.lower_operation makes them)."""
+
+  def __init__(self):
+    super().__init__()
+    self.current = None
+    self.relaid = {}   # (tensor, MeshLayout) -> laid-out value
 
   def __getitem__(self, key):
-    value = dict.__getitem__(self, key)
+    value = self.raw(key)
     if isinstance(value, PendingSum):
       return value.to_laid_out_tensor()
     return value
 
   def raw(self, key):
+    relaid = self.relaid.get((key, self.current))
+    if relaid is not None:
+      return relaid
     return dict.__getitem__(self, key)
+
+  def __setitem__(self, key, value):
+    dict.__setitem__(self, key, value)
+    for k in [k for k in self.relaid if k[0] is key]:
+      del self.relaid[k]
+
+  def clear(self):
+    dict.clear(self)
+    self.relaid.clear()
 
 
 class Lowering(object):
@@ -121,7 +141,7 @@ class Lowering(object):
                          "SPMD backends (SimdMeshImpl) have one")
       else:
         for op in graph.operations:
-          op.lower(self)
+          self.lower_operation(op)
     finally:
       for impl in self.mesh_to_impl.values():
         impl._recorder = None
@@ -138,14 +158,89 @@ class Lowering(object):
     return program[0]
 
   def validate_layouts(self):
-    """Computes every tensor's layout; raises LayoutError on the first bad
-    one, before any TensorFlow op is created (MeshLayout.validate_operations,
-    which the training binary's preflight runs too)."""
+    """Computes every tensor's layout (annotations and their propagation
+    included); raises LayoutError on the first bad one, before any
+    TensorFlow op is created (MeshLayout.assign, which the training
+    binary's preflight runs too)."""
     by_mesh = collections.OrderedDict()
     for op in all_operations(self.graph.operations):
       by_mesh.setdefault(op.mesh, []).append(op)
-    for mesh, ops in by_mesh.items():
-      self.mesh_impl(mesh).mesh_layout.validate_operations(ops)
+    self._graph_layouts = {
+        mesh: self.mesh_impl(mesh).mesh_layout.assign(ops)
+        for mesh, ops in by_mesh.items()}
+
+  def op_layout(self, op):
+    """The MeshLayout (computation layout) op lowers under."""
+    graph_layout = self._graph_layouts.get(op.mesh)
+    return (graph_layout.op_layout(op) if graph_layout is not None
+            else self.mesh_impl(op).mesh_layout)
+
+  def layout_of(self, tensor):
+    """The MeshLayout whose rules lay out tensor (its producer's)."""
+    return self.op_layout(tensor.operation)
+
+  def lower_operation(self, op):
+    """Lowers op under its computation layout: inputs laid out otherwise
+    are relaid first (the MeshLayout's relayout plan), and so are the
+    tensors its inner operations read from outside."""
+    impl = self.mesh_impl(op)
+    layout = self.op_layout(op)
+    saved = self.tensors.current
+    with impl.using_layout(layout):
+      for t in dict.fromkeys(op.inputs):
+        self._relay(impl, t, layout)
+      for t, inner_layout in self._captured(op):
+        self._relay(impl, t, inner_layout)
+      self.tensors.current = layout
+      try:
+        op.lower(self)
+      finally:
+        self.tensors.current = saved
+
+  def _captured(self, op):
+    """(tensor, layout) for the tensors op's inner operations read that
+    are made outside them, each with the layout its reader lowers under."""
+    if not op.inner_operations:
+      return []
+    inner = list(all_operations(op.inner_operations))
+    made = {t for o in inner for t in o.outputs}
+    out = []
+    for o in inner:
+      for t in o.inputs:
+        if t not in made and t in self.tensors:
+          out.append((t, self.op_layout(o)))
+    return list(dict.fromkeys(out))
+
+  def value_in(self, tensor, mesh_layout):
+    """tensor's laid-out value in mesh_layout's layout of it (relaid if its
+    own layout differs; pending sums reduced), for an operation that needs
+    one input in a given layout (an assignment: the variable's)."""
+    self._relay(self.mesh_impl(tensor), tensor, mesh_layout)
+    saved = self.tensors.current
+    self.tensors.current = mesh_layout
+    try:
+      return self.tensors[tensor]
+    finally:
+      self.tensors.current = saved
+
+  def _relay(self, impl, tensor, layout):
+    """Makes tensor's value in `layout` available to readers under it."""
+    own = self.layout_of(tensor)
+    if own is layout or (tensor, layout) in self.tensors.relaid:
+      return
+    old = own.tensor_layout(tensor.shape)
+    new = layout.tensor_layout(tensor.shape)
+    if old == new:
+      return
+    plan = impl.mesh_layout.relayout_plan(
+        tensor.shape, tensor.shape, tensor.dtype.size, old, new)
+    saved = self.tensors.current
+    self.tensors.current = None
+    try:
+      value = self.tensors[tensor]
+    finally:
+      self.tensors.current = saved
+    self.tensors.relaid[(tensor, layout)] = impl.execute_relayout(value, plan)
 
   def mesh_impl(self, m):
     """The MeshImpl of a Mesh, Tensor or Operation."""
@@ -183,7 +278,9 @@ class Lowering(object):
               "it was not an output of the SPMD program; list it in "
               "Lowering(..., outputs=[...])" if self.program is not None
               else "it is not a tensor of this Lowering's graph")))
-    return self.mesh_impl(x).export_to_tf_tensor(self.tensors[x], x.shape)
+    impl = self.mesh_impl(x)
+    with impl.using_layout(self.layout_of(x)):
+      return impl.export_to_tf_tensor(self.tensors[x], x.shape)
 
   def variable_value(self, var):
     """Full value of a variable (Variable op, its tensor, or its name) as of

@@ -137,6 +137,20 @@ class MeshImpl(object):
   def __repr__(self):
     return "%s(%s, %r)" % (type(self).__name__, self.shape, self.layout_rules)
 
+  @contextlib.contextmanager
+  def using_layout(self, mesh_layout):
+    """Within the block, this impl's geometry is mesh_layout's (same mesh,
+    other rules): the computation layout an operation lowers under, or the
+    layout of a tensor being exported (meshtf/layouts/assignment.py)."""
+    if mesh_layout.mesh_shape != self.shape:
+      raise ValueError("using_layout: %r is not on mesh %s" % (mesh_layout,
+                                                              self.shape))
+    saved, self._layout = self._layout, mesh_layout
+    try:
+      yield
+    finally:
+      self._layout = saved
+
   # --- geometry: the MeshLayout's ------------------------------------------
   def tensor_layout(self, arg, tensor_name=None):
     """TensorLayout of a Tensor or Shape (validated; raises LayoutError)."""
@@ -498,8 +512,9 @@ class MeshImpl(object):
 
   def variable_full_value(self, entry):
     """Full value of a VariableEntry, read from its per-slice variables."""
-    return self.assemble_slices([v.value() for v in entry.slices],
-                                entry.shape)
+    with self.using_layout(entry.mesh_layout):
+      return self.assemble_slices([v.value() for v in entry.slices],
+                                  entry.shape)
 
 
 def _axis_tuple(mesh_axis):

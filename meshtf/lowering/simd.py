@@ -355,8 +355,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     entries = []
     for op in operations:
       if op.creates_variable_slices:
-        entries.append(op.create_slices(lowering) if launch
-                       else op.entry_without_slices(self))
+        with self.using_layout(lowering.op_layout(op)):
+          entries.append(op.create_slices(lowering) if launch
+                         else op.entry_without_slices(self))
         lowering.variables[op] = entries[-1]
     names = [e.name for e in entries]
     imports = [op for op in operations if op.imports_host_slices]
@@ -368,14 +369,18 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     def body(*local_imports):
       self._ctx.imports = dict(zip(imports, local_imports))
       for op in operations:
-        op.lower(lowering)
+        lowering.lower_operation(op)
       chosen.extend(t for t in (outputs if outputs is not None
                                 else _default_outputs(lowering, operations)))
       if self.is_multi_worker:
         # No host sees every slice: outputs leave the program whole
         # (an allgather over their split axes each).
-        return [self.gather_full(lowering.tensors[t], t.shape).one_slice
-                for t in chosen]
+        out = []
+        for t in chosen:
+          with self.using_layout(lowering.layout_of(t)):
+            out.append(self.gather_full(lowering.tensors[t], t.shape
+                                        ).one_slice)
+        return out
       local = [lowering.tensors[t].one_slice for t in chosen]
       if outputs is None:
         # Unasked-for pending sums leave as partial slices and are summed on
@@ -475,8 +480,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     local = self.local_pnums()
 
     def body():
-      return [self.gather_full(self.read_variable(entry), entry.shape
-                               ).one_slice]
+      with self.using_layout(entry.mesh_layout):
+        return [self.gather_full(self.read_variable(entry), entry.shape
+                                 ).one_slice]
     results = self.run_program(
         body, [[entry.slices[p].handle] if p in local else None
                for p in range(self.size)], [], handles=[entry.name])

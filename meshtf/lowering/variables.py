@@ -16,14 +16,16 @@ import tensorflow as tf
 
 
 class VariableEntry(object):
-  """The slices of one meshtf variable on one mesh implementation."""
+  """The slices of one meshtf variable on one mesh implementation, laid out
+  by mesh_layout (the impl's, or the variable's own layout)."""
 
-  def __init__(self, name, shape, dtype, mesh_impl, slices):
+  def __init__(self, name, shape, dtype, mesh_impl, slices, mesh_layout=None):
     self.name = name
     self.shape = shape
     self.dtype = dtype
     self.mesh_impl = mesh_impl
     self.slices = slices
+    self.mesh_layout = mesh_layout or mesh_impl.mesh_layout
 
   def full_value(self):
     """The full variable as a tf.Tensor (gathers the slices)."""
@@ -68,6 +70,13 @@ class VariableStore(object):
             "Variable %r was created for %r and is now lowered with %r; a "
             "store serves one mesh implementation (save and restore to move "
             "between layouts)" % (name, entry.mesh_impl, mesh_impl))
+      had = entry.mesh_layout.tensor_layout(shape)
+      wants = mesh_impl.mesh_layout.tensor_layout(shape)
+      if had != wants:
+        raise ValueError(
+            "Variable %r is stored with layout %s and is now asked for with "
+            "layout %s; a store keeps one layout per variable (save and "
+            "restore to change it)" % (name, had, wants))
       return entry
     if name in self._pending_values:
       value = self._pending_values.pop(name)
@@ -76,7 +85,8 @@ class VariableStore(object):
     with tf.init_scope():
       slices = mesh_impl.make_variable_slices(name, shape, dtype,
                                               slice_init_fn, trainable)
-    entry = VariableEntry(name, shape, dtype, mesh_impl, slices)
+    entry = VariableEntry(name, shape, dtype, mesh_impl, slices,
+                          mesh_impl.mesh_layout)
     self._entries[name] = entry
     return entry
 
@@ -104,11 +114,11 @@ class VariableStore(object):
         self._pending_values[name] = value
         continue
       _check_restored(name, value, entry.shape.to_integer_list, entry.dtype)
-      impl = entry.mesh_impl
+      layout = entry.mesh_layout
       with tf.init_scope():
-        sizes = impl.slice_shape(entry.shape)
-        for p in impl.local_pnums():
-          part = padded_part(value, impl.slice_begin(entry.shape, p), sizes)
+        sizes = layout.slice_shape(entry.shape)
+        for p in entry.mesh_impl.local_pnums():
+          part = padded_part(value, layout.slice_begin(entry.shape, p), sizes)
           entry.slices[p].assign(tf.constant(part, entry.dtype))
 
   def unrestored_names(self):

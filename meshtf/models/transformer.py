@@ -90,6 +90,7 @@ class LayerStack(tl.TransformerLayer):
     for i, layer in enumerate(self._layers):
       context.layer_index = i
       context.scope = "%s/layer_%03d/%s" % (base, i, layer.name)
+      x = tl.annotate(context, x)   # the residual stream (GSPMD's BSM)
       y = layer.call(context, self._norm(x, context, context.scope + "/norm"))
       if not isinstance(y, graph_lib.Tensor) or y.shape != x.shape:
         raise ValueError("LayerStack: layer %s returned %s; it must return a "
@@ -98,7 +99,7 @@ class LayerStack(tl.TransformerLayer):
       x = x + tl.dropout(y, context, rate,
                          name=context.scope + "/residual_dropout")
     context.scope = base
-    x = self._norm(x, context, base + "/final_norm")
+    x = self._norm(tl.annotate(context, x), context, base + "/final_norm")
     return tl.dropout(x, context, rate, name=base + "/final_dropout")
 
 
@@ -127,6 +128,10 @@ class Unitransformer(object):
     eos_id: the end-of-sequence id (loss_on_targets_only).
     layout, mesh_shape: optional, for layers that look at the mesh (MoE),
       as in Mesh TensorFlow.
+    activation_layout: optional layout of the activations, apart from the
+      rules that lay out the weights (GSPMD's sharding annotations, e.g.
+      its "2D finalized" "batch:x;d_model:y;d_ff:y;heads:y"): the layers
+      annotate their activations with it (transformer_layers.annotate).
 
   Example:
     >>> lm = Unitransformer(make_layer_stack(2, 4, 16, 64), d_model=32,
@@ -140,7 +145,7 @@ class Unitransformer(object):
                label_smoothing=0.0, z_loss=1e-4, name="transformer",
                vocab_divisor=128, positional_embedding=True,
                loss_on_targets_only=False, loss_denominator=None, eos_id=1,
-               layout=None, mesh_shape=None):
+               layout=None, mesh_shape=None, activation_layout=None):
     if not input_vocab_size:
       raise ValueError("Unitransformer %s: input_vocab_size is required" %
                        name)
@@ -180,6 +185,9 @@ class Unitransformer(object):
     # Some layers (MoE) size their groups by the mesh: context.model.layout.
     self.layout = layout
     self.mesh_shape = mesh_shape
+    self.activation_layout = (
+        None if not activation_layout
+        else mtf.convert_to_layout_rules(activation_layout))
 
   # -- pieces ------------------------------------------------------------------
   def embedding_weights(self, mesh, variable_dtype, shared_params=None):

@@ -479,6 +479,25 @@ def attention(q, k, v, memory_length_dim, kv_dim, mask=None, dropout_rate=0.0,
   return mtf.einsum([weights, v], output_shape=q.shape)
 
 
+def annotate(context, x):
+  """x laid out as the model's activation_layout says (GSPMD's activation
+  annotations: each dim of x the layout names, on its axes; the others
+  replicated), or x itself when the model has none. LayerStack annotates
+  the residual stream at every layer, attention its queries, keys, values
+  and output, the feed-forward layers their hidden activations.
+
+  Example:
+    >>> lm = make_unitransformer(..., activation_layout="batch:x;d_model:y")
+    >>> h = annotate(context, h)   # [batch:x, length, d_ff]
+  """
+  rules = getattr(context.model, "activation_layout", None)
+  if rules is None:
+    return x
+  spec = [(d.name, rules.mesh_axis_names(d.name)) for d in x.shape.dims
+          if rules.mesh_axis_names(d.name)]
+  return mtf.shard(x, spec)
+
+
 class SelfAttention(TransformerLayer):
   """Multi-head self-attention (autoregressive when the context says so,
   always within a segment).
@@ -508,18 +527,20 @@ class SelfAttention(TransformerLayer):
   def call(self, context, x):
     params = self.make_params(context)
     if context.incremental:
-      q = params.compute_q(x, one_position=True)
+      q = annotate(context, params.compute_q(x, one_position=True))
       k, v, memory_length, mask = self.incremental_memory(context, params, x)
     else:
       memory = self.memory_antecedent(context, x)
       memory_length = _length_dim(memory, context.model_dim)
-      q = params.compute_q(x)
-      k, v = params.compute_k(memory), params.compute_v(memory)
+      q = annotate(context, params.compute_q(x))
+      k = annotate(context, params.compute_k(memory))
+      v = annotate(context, params.compute_v(memory))
       mask = self.mask(context)
       if context.mode == "first_part":
         self.record_memory(context, k, v)
-    o = attention(q, k, v, memory_length, params.kv_dim, mask,
-                  self.dropout_rate, context, name=context.scope)
+    o = annotate(context, attention(q, k, v, memory_length, params.kv_dim,
+                                    mask, self.dropout_rate, context,
+                                    name=context.scope))
     return params.compute_output(o, x.shape)
 
   def record_memory(self, context, k, v):
@@ -600,7 +621,7 @@ class DenseReluDense(TransformerLayer):
 
   def call(self, context, x):
     d_ff = mtf.Dimension("d_ff", self.hidden_size)
-    h = self.hidden(context, x, d_ff)
+    h = annotate(context, self.hidden(context, x, d_ff))
     h = dropout(h, context, self.dropout_rate, name=context.scope + "/dropout")
     return layers.dense(h, context.model_dim, reduced_dims=[d_ff],
                         use_bias=False, variable_dtype=context.variable_dtype,

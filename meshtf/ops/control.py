@@ -315,7 +315,7 @@ class WhileLoopOperation(graph_lib.Operation):
       del step, acc, hist
       _bind(lowering, impl, self._cond_in.outputs, state)
       for op in self._cond_ops:
-        op.lower(lowering)
+        lowering.lower_operation(op)
       return lowering.tensors[self._cond_out].tensor_list[0]
 
     def body(step, state, acc, hist):
@@ -325,7 +325,7 @@ class WhileLoopOperation(graph_lib.Operation):
               for i, tas in zip(recorded, hist)]
       _bind(lowering, impl, self._body_in.outputs, state)
       for op in self._body_ops:
-        op.lower(lowering)
+        lowering.lower_operation(op)
       new_state = [lowering.tensors[t].tensor_list for t in self._body_out[:n]]
       new_acc = [_accumulate(lowering, impl, t, a, pending_axes, j)
                  for j, (t, a) in enumerate(zip(self._body_out[n:], acc))]
@@ -460,7 +460,7 @@ class WhileLoopGradOperation(graph_lib.Operation):
                             ).tensor_list for i in self.state_used])
       _bind(lowering, impl, self._cotangents.outputs, list(g) + acc_cotangents)
       for op in self._needed + self._bwd_ops:
-        op.lower(lowering)
+        lowering.lower_operation(op)
       new_g = []
       for i, grad in zip(self._floats, self._loop_grads):
         new_g.append(lowering.tensors[grad].tensor_list if grad is not None

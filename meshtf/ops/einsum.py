@@ -38,6 +38,9 @@ class EinsumOperation(graph_lib.Operation):
             % (d.name, d.size, self._all_dims))
     self._outputs = [graph_lib.Tensor(self, output_shape, inputs[0].dtype)]
 
+  def layout_dim_groups(self):
+    return [self._all_dims.dimension_names]
+
   def validate_layout(self, mesh_layout):
     """All dims of one einsum must split over distinct mesh axes, or the
     partial results of different output stripes would be summed together."""
@@ -95,7 +98,8 @@ def einsum(xs, output_shape=None, reduced_dims=None, name=None):
   if output_shape is None:
     all_dims = _local.union_shape([x.shape for x in xs])
     if reduced_dims is not None:
-      names = {shapes.convert_to_dimension(d).name for d in reduced_dims}
+      names = {d if isinstance(d, str) else
+               shapes.convert_to_dimension(d).name for d in reduced_dims}
       output_shape = shapes.Shape([d for d in all_dims.dims
                                    if d.name not in names])
     else:

@@ -22,7 +22,13 @@ from meshtf.ops import initializers
 class Variable(graph_lib.Operation):
   """A variable; its output is the value at this point of the graph."""
 
-  def __init__(self, mesh, name, shape, dtype, initializer, trainable=True):
+  def __init__(self, mesh, name, shape, dtype, initializer, trainable=True,
+               layout=None):
+    if layout is not None:
+      from meshtf.ops import annotations
+      self.layout_spec = annotations.annotation_rules(
+          shapes.convert_to_shape(shape), layout,
+          "get_variable %r layout" % name)
     super().__init__([], mesh=mesh, name=name)
     self._initializer = initializers.convert_initializer(initializer)
     self._trainable = trainable
@@ -33,6 +39,11 @@ class Variable(graph_lib.Operation):
       mesh.graph.trainable_variables.append(self)
 
   creates_variable_slices = True
+
+  @property
+  def layout_label(self):
+    return "get_variable %r layout" % self.name
+
   shape = property(lambda self: self._outputs[0].shape)
   dtype = property(lambda self: self._outputs[0].dtype)
   trainable = property(lambda self: self._trainable)
@@ -71,7 +82,8 @@ class Variable(graph_lib.Operation):
 
 
 def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
-                 trainable=True, activation_dtype=None, **unused_kwargs):
+                 trainable=True, activation_dtype=None, layout=None,
+                 **unused_kwargs):
   """Creates a variable and returns its value as a Tensor.
 
   The initial value depends only on (graph.seed, name, element index), so
@@ -80,6 +92,11 @@ def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
   dtype must match): calling a model twice in one graph -- a decoder's
   parallel first pass and its incremental steps -- shares its weights.
 
+  layout: the variable's own stored layout ("d_model:x;d_ff:y"; dims not
+  named are replicated) instead of the rules' (or the MeshLayout's
+  variable_rules); computations that want it otherwise relay it when they
+  read it (see meshtf/layouts/assignment.py).
+
   Example:
     >>> w = mtf.get_variable(mesh, "w", [io, hidden],
     ...                      initializer=mtf.random_normal_initializer(stddev=0.1))
@@ -87,7 +104,7 @@ def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
   var = _existing_variable(mesh, name, shape, dtype)
   if var is None:
     var = Variable(mesh, name, shape, tf.as_dtype(dtype), initializer,
-                   trainable)
+                   trainable, layout)
   out = var.outputs[0]
   if activation_dtype is not None and tf.as_dtype(activation_dtype) != out.dtype:
     from meshtf.ops import elementwise
@@ -252,6 +269,8 @@ class AssignOperation(graph_lib.Operation):
     super().__init__(new_values, mesh=self._variables[0].mesh,
                      name=name or "assign")
     self._assign_fn = assign_fn
+    # Values are assigned in their variable's stored layout.
+    self.layout_source = self._variables[0].outputs[0]
 
   variables = property(lambda self: list(self._variables))
   assign_fn = property(lambda self: self._assign_fn)
@@ -261,24 +280,28 @@ class AssignOperation(graph_lib.Operation):
     mode = _NATIVE_MODES.get(self._assign_fn)
     ops = []
     for v, x in zip(self._variables, self._inputs):
-      value = lowering.tensors[x]
       entry = lowering.variables[v]
-      if mode is None:
-        # A custom assign_fn: run it per slice on a _SliceUpdate holding the
-        # slice's current value; what it assigns is then set natively.
-        fn = self._assign_fn
-
-        def update(current, val, v=v, fn=fn):
-          stand_in = _SliceUpdate(current)
-          fn(v, stand_in, val)
-          return stand_in.value()
-        value = impl.slicewise(update, impl.read_variable(entry), value)
-        ops.extend(impl.assign_variable(entry, value, "assign"))
-        continue
-      if x.dtype != v.dtype:
-        value = impl.slicewise(lambda t, d=v.dtype: tf.cast(t, d), value)
-      ops.extend(impl.assign_variable(entry, value, mode))
+      with impl.using_layout(entry.mesh_layout):
+        ops.extend(self._assign(impl, v, entry,
+                                lowering.value_in(x, entry.mesh_layout), mode))
     lowering.operations[self] = ops
+
+  def _assign(self, impl, v, entry, value, mode):
+    """The TF ops assigning laid-out `value` to variable v (entry)."""
+    if mode is None:
+      # A custom assign_fn: run it per slice on a _SliceUpdate holding the
+      # slice's current value; what it assigns is then set natively.
+      fn = self._assign_fn
+
+      def update(current, val):
+        stand_in = _SliceUpdate(current)
+        fn(v, stand_in, val)
+        return stand_in.value()
+      value = impl.slicewise(update, impl.read_variable(entry), value)
+      return impl.assign_variable(entry, value, "assign")
+    if value.tensor_list[0].dtype != v.dtype:
+      value = impl.slicewise(lambda t: tf.cast(t, v.dtype), value)
+    return impl.assign_variable(entry, value, mode)
 
 
 Assign = AssignOperation  # Mesh TensorFlow's name
@@ -331,6 +354,8 @@ class ReadVariableOperation(graph_lib.Operation):
                                       dtype or self._var.dtype)]
 
   variable = property(lambda self: self._var)
+  # The value comes in the variable's stored layout.
+  layout_source = property(lambda self: self._var.outputs[0])
 
   @property
   def has_gradient(self):

@@ -117,6 +117,11 @@ def default_config():
   c.mesh_shape = "data:4;model:2"
   c.layout = ("batch:data;group:data;experts:data;heads:model;d_ff:model;"
               "vocab:model;expert_hidden:model")
+  c.variable_layout = ""       # the variables' own rules (GSPMD weight-
+  #                              update sharding, e.g. "d_model:data");
+  #                              "": the layout's
+  c.activation_layout = ""     # activation annotations (GSPMD 2D finalized:
+  #                              "batch:x;d_model:y;d_ff:y;heads:y"); "": none
   c.backend = "simd"           # simd (one SPMD program) or placement
   c.num_virtual_cpus = 0       # 0: as many as the mesh has processors
 
@@ -419,17 +424,23 @@ def _mesh_problems(config, problems):
         "mesh_shape %r is malformed: %s (e.g. --mesh_shape=data:4;model:2)"
         % (config.mesh_shape, str(e).splitlines()[0]))
     mesh_shape = None
-  try:
-    rules = layouts.convert_to_layout_rules(str(config.layout))
-  except ValueError as e:
-    problems.append("layout %r is malformed: %s" % (
-        config.layout, str(e).splitlines()[0]))
-  if mesh_shape is None or rules is None:
+  parsed = {}
+  for key in ("layout", "variable_layout", "activation_layout"):
+    try:
+      parsed[key] = layouts.convert_to_layout_rules(str(config[key]))
+    except ValueError as e:
+      problems.append("%s %r is malformed: %s" % (
+          key, config[key], str(e).splitlines()[0]))
+  if mesh_shape is None or len(parsed) < 3:
     return None
   try:
-    layout = layouts.MeshLayout(mesh_shape, rules)
+    layout = layouts.MeshLayout(
+        mesh_shape, parsed["layout"],
+        parsed["variable_layout"] if config.variable_layout else None)
+    layouts.validate_layout_rules(parsed["activation_layout"], mesh_shape)
   except ValueError as e:
-    problems.append("--mesh_shape / --layout: %s" % str(e).splitlines()[0])
+    problems.append("--mesh_shape / --layout / --config.variable_layout / "
+                    "--config.activation_layout: %s" % str(e).splitlines()[0])
     return None
   devices = config.num_virtual_cpus or layout.size
   if devices != layout.size:

@@ -115,7 +115,8 @@ def build_model(config, sink=None, mesh_layout=None):
       label_smoothing=config.label_smoothing, z_loss=config.z_loss,
       vocab_divisor=config.vocab_divisor,
       positional_embedding=(False if config.positional_embedding == "none"
-                            else config.positional_embedding))
+                            else config.positional_embedding),
+      activation_layout=config.activation_layout or None)
   if config.model_type == "lm":
     n = config.num_layers
     if ffn is not None:
@@ -222,20 +223,22 @@ def build_training_graph(config, mesh_layout=None):
 
 
 def check_layouts(graph, mesh_layout):
-  """Computes every tensor's layout as the lowering would (ops' own checks
-  included); raises LayoutError naming the first bad tensor."""
-  mesh_layout.validate_operations(
-      lowering_lib.all_operations(graph.operations))
+  """Computes every tensor's layout as the lowering would (annotations,
+  variable layouts and ops' own checks included); raises LayoutError
+  naming the first bad tensor. Returns the GraphLayout."""
+  return mesh_layout.assign(lowering_lib.all_operations(graph.operations))
 
 
 def parameter_counts(graph, mesh_layout):
   """{"total": parameters, "per_device": the largest share one processor
-  holds (padded slices of uneven splits included), "optimizer_per_device":
-  the same for non-trainable variables (optimizer slots, step)}."""
+  holds (padded slices of uneven splits included; each variable in its
+  stored layout), "optimizer_per_device": the same for non-trainable
+  variables (optimizer slots, step)}."""
+  graph_layout = check_layouts(graph, mesh_layout)
   total = per_device = other = 0
   trainable = set(graph.trainable_variables)
   for v in graph.all_variables:
-    share = mesh_layout.slice_size(v.shape)
+    share = graph_layout.tensor_mesh_layout(v.outputs[0]).slice_size(v.shape)
     if v in trainable:
       total += v.shape.size
       per_device += share

@@ -545,5 +545,9 @@ def test_layers_on_uneven_splits():
               "logits": (logits, "batch:5;vocab:13"), "ids": (ids, "batch:5"),
               "c": (c_np, "batch:5;length:2;channels:3")},
       [("all:8", "d_model:all"), (TWO, "batch:rows;vocab:cols"),
-       ("a:3", "vocab:a;channels:a"), ("a:3", "batch:a")],
+       ("a:3", "vocab:a;channels:a"), ("a:3", "batch:a"),
+       (TWO, "d_model:cols+rows;channels:cols"),
+       (TWO, harness.annotated("vocab:cols", {
+           "x": "batch:cols;d_model:rows", "logits": "batch:rows+cols",
+           "c": "channels:rows;length:cols"}))],
       wrt=["x", "logits", "c"], reference=ref, rtol=1e-4, atol=1e-4)

@@ -267,11 +267,14 @@ def test_custom_gradient_recompute_grad_print_uneven(tmp_path):
   log = tmp_path / "print.log"
   harness.assert_layout_invariant(
       _grad_model(log), GRAD_INPUTS, [("a:3", "hidden:a"),
-                                      ("a:3;b:2", "h2:a;hidden:b")],
+                                      ("a:3;b:2", "h2:a;hidden:b"),
+                                      ("a:3;b:2", harness.annotated(
+                                          "hidden:b+a", {"x": "batch:a",
+                                                         "w": "h2:b"}))],
       wrt=["x", "w"], reference=_grad_reference)
   total = "%.4f" % GRAD_INPUTS["x"][0].sum()
   lines = [l for l in log.read_text().splitlines() if "PRINTED" in l]
-  assert len(lines) == 5 and all(
+  assert len(lines) == 7 and all(
       "%.4f" % float(l.split("]", 1)[1].split()[0]) == total for l in lines)
 
 
@@ -415,6 +418,10 @@ def test_while_loop_uneven_layouts():
   contractions and the gradients' backward loop ignore the padding."""
   harness.assert_layout_invariant(
       loop_model, LOOP_INPUTS, [("a:3", "hidden:a"), ("a:3;b:2",
-                                                       "h2:a;batch:b")],
+                                                       "h2:a;batch:b"),
+                                ("a:3;b:2", "hidden:b+a"),
+                                ("a:3;b:2", harness.annotated(
+                                    "hidden:a", {"h0": "hidden:a+b",
+                                                 "w1": "h2:b"}))],
       wrt=sorted(LOOP_INPUTS), reference=loop_reference, rtol=1e-4,
       atol=1e-5)

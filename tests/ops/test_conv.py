@@ -251,7 +251,10 @@ def test_conv_and_pool_on_uneven_splits():
       model, {"x": (x_np, "batch:3;h:10;w:4;ci:3"),
               "f3": (f3, "fh:3;fw:3;ci:3;co:5"),
               "f5": (f5, "gh:5;gw:1;ci:3;co:5")},
-      [("a:3", "h:a"), (FOUR, "batch:rows;ci:cols"), ("a:3;b:2", "h:a;co:b")],
+      [("a:3", "h:a"), (FOUR, "batch:rows;ci:cols"), ("a:3;b:2", "h:a;co:b"),
+       (FOUR, "ci:rows+cols"),
+       ("a:3;b:2", harness.annotated("h:a", {"x": "batch:b",
+                                             "f3": "co:b+a"}))],
       wrt=["x", "f3", "f5"], reference=reference, rtol=1e-4, atol=1e-4)
 
 

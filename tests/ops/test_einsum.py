@@ -192,6 +192,9 @@ UNEVEN_LAYOUTS = [
     ("a:3;b:2", "batch:a;hidden:b"),
     ("rows:2;cols:4", "io:cols+rows"),            # io:5 over 8, cols major
     ("a:2;b:2;c:2", "batch:c;hidden:b+a"),
+    ("rows:2;cols:4", harness.annotated(
+        "io:cols", {"x": "batch:rows+cols", "w": "hidden:rows;io:cols",
+                    "s": ""})),
 ]
 
 

@@ -503,7 +503,9 @@ def test_elementwise_uneven_broadcast_where_cast():
   harness.assert_layout_invariant(
       model, {"x": (x, "batch:5;hidden:3"), "y": (y, "hidden:3;io:2")},
       [("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows;hidden:cols"),
-       ("a:2", "hidden:a")],
+       ("a:2", "hidden:a"), ("a:2;b:2", "batch:a+b"),
+       ("a:2;b:2", harness.annotated("hidden:a", {"x": "batch:b",
+                                                  "y": "io:b+a"}))],
       wrt=["x", "y"],
       reference=lambda t: {
           "h": t["x"][:, :, None] * t["y"][None] + tf.exp(t["x"])[:, :, None],

@@ -432,6 +432,9 @@ UNEVEN_LAYOUTS = [
     ("a:3", "batch:a"),
     ("rows:2;cols:4", "vocab:cols+rows"),
     ("a:2;b:2;c:2", "batch:a+b;vocab:c"),
+    ("rows:2;cols:4", harness.annotated(
+        "vocab:cols", {"x": "vocab:cols+rows", "ids": "batch:cols",
+                       "table": "d:rows"})),
 ]
 
 

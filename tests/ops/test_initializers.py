@@ -312,6 +312,9 @@ def test_initial_value_uneven_layouts(name):
   base = harness.run_model(model, {}, "all:1", "")
   runs = harness.assert_layout_invariant(
       model, {}, [("all:8", "hidden:all"), ("rows:2;cols:4",
-                                            "io:cols;hidden:rows")])
+                                            "io:cols;hidden:rows"),
+                  ("rows:2;cols:4", "hidden:cols+rows"),
+                  ("rows:2;cols:4", harness.annotated(
+                      "io:rows", {"_variables": "hidden:rows+cols"}))])
   for run in runs.values():
     np.testing.assert_array_equal(run.outputs["w"], base.outputs["w"])

@@ -256,7 +256,10 @@ def test_uneven_import_export_slices_and_rows():
                                     list(range(5))) * 1.0}
   harness.assert_layout_invariant(
       model, {"x": (x, "batch:5;hidden:3")},
-      [("rows:2;cols:4", "batch:rows;hidden:cols"), ("all:8", "batch:all")],
+      [("rows:2;cols:4", "batch:rows;hidden:cols"), ("all:8", "batch:all"),
+       ("rows:2;cols:4", "batch:cols+rows"),
+       ("rows:2;cols:4", harness.annotated("batch:rows", {
+           "x": "hidden:rows+cols"}))],
       wrt=["x"], reference=lambda t: {"imported": t["x"] * 2.0,
                                       "sliced": x, "constant": x, "rows": x})
   # rows:2;cols:4 -> batch stripes of 3 ([0, 3), [3, 5)), hidden stripes of

@@ -52,5 +52,8 @@ def test_random_ops_uneven_layouts():
             "d": mtf.dropout(x, rate=0.25, seed=7)}
   harness.assert_layout_invariant(
       uneven, inputs, [("all:8", "io:all"), ("rows:2;cols:4",
-                                            "batch:rows;io:cols")],
+                                            "batch:rows;io:cols"),
+                       ("rows:2;cols:4", "io:cols+rows"),
+                       ("rows:2;cols:4", harness.annotated(
+                           "io:cols", {"x": "batch:cols;io:rows"}))],
       wrt=["x"], rtol=0, atol=0)

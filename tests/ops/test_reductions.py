@@ -274,6 +274,9 @@ UNEVEN_LAYOUTS = [
     # One dim over two axes, in and against the mesh's axis order.
     ("rows:2;cols:4", "vocab:rows+cols"),
     ("rows:2;cols:4", "batch:cols+rows"),
+    # Annotated: x laid out apart from the rules (which split vocab).
+    ("rows:2;cols:4", harness.annotated("vocab:cols",
+                                        {"x": "batch:cols;vocab:rows"})),
 ]
 
 

@@ -448,3 +448,21 @@ def test_uneven_reshape_costs_what_the_plan_says():
     stats = _forward_stats(old, new, "x:4", "vocab:x;v2:x", backend)
     assert [(s["kind"], s["bytes_per_device"]) for s in stats] == [
         ("allconcat", 3 * 63 * 4)]
+
+
+def test_reshape_of_annotated_and_multi_axis_tensors():
+  """The reshape's input laid out apart from the rules (an annotation, a
+  dim over two axes): it is relaid as annotated, then reshaped under the
+  propagated layout; values and gradients as on one device."""
+  x = arr(6, 10, seed=8)
+
+  def model(mesh, t):
+    return {"y": mtf.reshape(t["x"], "a:3;b:2;c:10") * 1.0,
+            "z": mtf.reshape(t["x"], "batch:6;e:5;f:2") * 1.0}
+  harness.assert_layout_invariant(
+      model, {"x": (x, "batch:6;io:10")},
+      [(MESH, "a:rows+cols;f:cols"),
+       (MESH, harness.annotated("a:rows", {"x": "io:cols+rows"})),
+       (MESH, harness.annotated("e:cols", {"x": "batch:cols;io:rows"}))],
+      wrt=["x"], reference=lambda t: {"y": tf.reshape(t["x"], [3, 2, 10]),
+                                      "z": tf.reshape(t["x"], [6, 5, 2])})

@@ -337,4 +337,7 @@ def test_shape_and_slicing_ops_on_uneven_splits():
   check(model, {"x": (x, "batch:3;length:10"), "offset": (offsets, "batch:3")},
         ref, [("all:8", "length:all"),
               (MESH, "parts:rows;length:cols;other:rows"),
-              ("a:4", "length:a;blocks:a;other:a")])
+              ("a:4", "length:a;blocks:a;other:a"),
+              (MESH, "length:rows+cols;blocks:cols"),
+              (MESH, harness.annotated("length:cols", {
+                  "x": "batch:cols;length:rows", "offset": "batch:rows"}))])
