@@ -600,7 +600,12 @@ def _print_summary(session, step_fn, start_step, first_step_s):
           session.devices[0].split("/")[-1] + (
               ".." + session.devices[-1].split(":")[-1]
               if len(session.devices) > 1 else "")),
-      "layout: %s" % config.layout,
+      "layout: %s%s%s" % (
+          config.layout,
+          "; activations: %s" % config.activation_layout
+          if config.activation_layout else "",
+          "; variables: %s" % config.variable_layout
+          if config.variable_layout else ""),
       "parameters: %s total, %s per device (+ %s optimizer state per "
       "device)" % (format(counts["total"], ","),
                    format(counts["per_device"], ","),

@@ -130,6 +130,17 @@ def test_variable_layouts_gathered_on_read_train_like_one_device():
         [0, None])
     assert step.variable_store.entry("u").mesh_layout.tensor_layout(
         mtf.convert_to_shape("hidden:4")) == TensorLayout([1])
+    # Layout-free values: restored into a store that lays w out by the
+    # rules alone (split over x by hidden), bit for bit.
+    saved = step.variable_store.full_value("w")
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    mtf.get_variable(mesh, "w", "io:6;hidden:4")
+    store = mtf.VariableStore()
+    store.restore_values({"w": saved})
+    mtf.Lowering(graph, {mesh: harness.make_impl(backend, TWO, "hidden:x")},
+                 variable_store=store)
+    np.testing.assert_array_equal(store.full_value("w"), saved)
 
 
 def test_gspmd_2d_finalized_feed_forward_emits_figure_7():

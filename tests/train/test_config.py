@@ -206,14 +206,19 @@ def test_gshard_moe_family_builds_with_expert_parallelism():
 
 def test_gspmd_dense_transformer_2d_sharding():
   module = load("gspmd_dense")
-  for arg in ("64B_16x32", "64B_16x32,attempt1"):
+  for arg in ("64B_16x32", "64B_16x32,attempt2", "64B_16x32,attempt1"):
     c = module.get_config(arg)
     counts = _build(c)
     per_layer = counts["total"] / c.num_layers
     assert 2.0e9 < per_layer < 2.2e9, per_layer    # "2 billion per layer"
     assert c.mesh_shape == "x:16;y:32"
-  # Attempt 1 shards every weight over both axes (M on x, H and N on y).
-  assert counts["per_device"] < counts["total"] / 400
+    # Every weight is split over both axes (M on x, H and N on y).
+    assert counts["per_device"] < counts["total"] / 400
+  # The default is GSPMD's 2D finalized: activations annotated apart from
+  # the weights' rules (batch on x, d_model on y).
+  c = module.get_config()
+  assert c.activation_layout == "batch:x;d_model:y;d_ff:y;heads:y"
+  assert c.layout == "d_model:x;d_ff:y;heads:y;vocab:y"
 
 
 def test_model_builder_matches_the_config():

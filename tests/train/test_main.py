@@ -348,6 +348,8 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tiny_path,
        "2: set --num_virtual_cpus=4"),
       (["--layout=batch:data;length:data"], "would split both dimension "
        "'batch' (size 8) and dimension 'length'"),
+      (["--layout=batch:data+"], "layout 'batch:data+' is malformed"),
+      (["--config.activation_layout=batch:zz"], "names mesh axis 'zz'"),
       (["--config.task.data_files=" + missing], missing + " does not exist"),
       (["--mode=eval"], "no checkpoint in"),
       (["--worker_hosts=127.0.0.1:7001,127.0.0.1:7002"], "--worker_hosts "
