@@ -31,6 +31,15 @@ LAYOUTS = [
     # Data + expert parallel as in GShard: groups and experts on one axis.
     ("rows:2;cols:4", "batch:cols;group:cols;experts:cols;d_ff:rows;"
      "heads:rows"),
+    # ... over both axes at once (8 groups and 4 experts over all 8
+    # processors: the experts padded; a relayout between dims over several
+    # axes gathers and splits, it has no alltoall form yet).
+    ("rows:2;cols:4", "batch:rows+cols;group:rows+cols;experts:cols+rows"),
+    # The paper layout for the weights, the targets annotated to split the
+    # batch over both axes.
+    ("rows:2;cols:4", harness.annotated(
+        "vocab:cols;d_ff:cols;heads:cols;expert_hidden:cols",
+        {"targets": "batch:rows+cols"})),
 ]
 
 
