@@ -41,55 +41,50 @@ def annotation_rules(tensor_or_shape, layout, what):
   return rules
 
 
-class ShardOperation(graph_lib.Operation):
-  """x, laid out exactly as layout_spec says (an identity)."""
+class _Relayout(graph_lib.Operation):
+  """An identity whose output has another layout than its input (the
+  lowering relays the input before lower() runs). Its gradient is laid out
+  like its input: the adjoint relayout."""
+
+  def __init__(self, x, name):
+    super().__init__([x], name=name)
+    self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
+
+  @property
+  def has_gradient(self):
+    return self._inputs[0].dtype.is_floating
+
+  def gradient(self, grad_ys):
+    return [LayoutLikeOperation(grad_ys[0], self._inputs[0]).outputs[0]]
+
+  def lower(self, lowering):
+    # A sum still pending over axes the new layout keeps stays pending.
+    lowering.set_tensor_lowering(self._outputs[0],
+                                 lowering.pending_or_laid_out(self._inputs[0]))
+
+
+class ShardOperation(_Relayout):
+  """x, laid out exactly as layout_spec says."""
 
   def __init__(self, x, layout, name=None):
     rules = annotation_rules(x, layout, "mtf.shard")
-    super().__init__([x], name=name or "shard")
+    super().__init__(x, name or "shard")
     self.layout_spec = rules
-    self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
 
   @property
   def layout_label(self):
     return "mtf.shard %r" % self.name
 
-  @property
-  def has_gradient(self):
-    return self._inputs[0].dtype.is_floating
 
-  def gradient(self, grad_ys):
-    return [LayoutLikeOperation(grad_ys[0], self._inputs[0]).outputs[0]]
-
-  def lower(self, lowering):
-    # The lowering relaid x into the annotated layout already; a sum still
-    # pending over axes the annotation keeps stays pending.
-    lowering.set_tensor_lowering(self._outputs[0],
-                                 lowering.pending_or_laid_out(self._inputs[0]))
-
-
-class LayoutLikeOperation(graph_lib.Operation):
-  """x, laid out like the tensor `like` (an identity): the adjoint of a
-  relayout."""
+class LayoutLikeOperation(_Relayout):
+  """x, laid out like the tensor `like`."""
 
   def __init__(self, x, like, name=None):
     if x.shape != like.shape:
       raise ValueError("layout_like: %s %s and %s %s differ in shape" % (
           x.name, x.shape, like.name, like.shape))
-    super().__init__([x], name=name or "layout_like")
+    super().__init__(x, name or "layout_like")
     self.layout_source = like
-    self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
-
-  @property
-  def has_gradient(self):
-    return self._inputs[0].dtype.is_floating
-
-  def gradient(self, grad_ys):
-    return [LayoutLikeOperation(grad_ys[0], self._inputs[0]).outputs[0]]
-
-  def lower(self, lowering):
-    lowering.set_tensor_lowering(self._outputs[0],
-                                 lowering.pending_or_laid_out(self._inputs[0]))
 
 
 def shard(x, layout, name=None):
