@@ -23,8 +23,9 @@ splits) when they have the same size. A local reshape runs between the
 collectives and the splits when the shapes differ.
 
 Bytes per device are what each device sends on the usual algorithms:
-allconcat (ring allgather) (n-1) x its slice, alltoall (n-1)/n of it,
-allreduce (ring) 2(n-1)/n of it, permute its slice, allsplit nothing.
+allconcat (ring allgather) (n-1) x its slice, alltoall and reduce-scatter
+(n-1)/n of it, allreduce (ring) 2(n-1)/n of it, permute its slice,
+allsplit nothing.
 
 Example:
   >>> from meshtf.layouts.mesh_layout import MeshLayout
@@ -39,7 +40,8 @@ from meshtf.layouts.tensor_layouts import shard_size
 
 RelayoutStep = collections.namedtuple(
     "RelayoutStep",
-    ["kind",                 # allconcat | alltoall | allsplit | reshape
+    ["kind",                 # allconcat | alltoall | allsplit |
+                             # reduce_scatter | reshape
      "mesh_axis",            # the mesh axis (None for reshape)
      "split_axis",           # tensor axis split (allsplit, alltoall)
      "concat_axis",          # tensor axis gathered (allconcat, alltoall)
@@ -64,7 +66,7 @@ def collective_bytes(kind, group_size, elements, itemsize):
     return 0
   if kind == "allconcat":
     sent = (n - 1) * elements
-  elif kind == "alltoall":
+  elif kind in ("alltoall", "reduce_scatter"):
     sent = elements * (n - 1) / n
   elif kind.startswith("allreduce"):
     sent = 2.0 * elements * (n - 1) / n
@@ -91,7 +93,8 @@ class RelayoutPlan(object):
   @property
   def collectives(self):
     """The steps that communicate."""
-    return [s for s in self.steps if s.kind in ("allconcat", "alltoall")]
+    return [s for s in self.steps
+            if s.kind in ("allconcat", "alltoall", "reduce_scatter")]
 
   @property
   def bytes_per_device(self):
@@ -241,6 +244,37 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
                                 tuple(local), size(m), 0, 0))
       padded = local[b]
   return RelayoutPlan(old_shape, new_shape, steps)
+
+
+def fuse_reduce_scatter(plan, pending_axes, dtype_size=4):
+  """The plan for a tensor that still holds partial sums over pending_axes:
+  each allsplit over a pending axis becomes a reduce-scatter (the sum and
+  the split at half an allreduce's bytes; gathers and alltoalls before it
+  are linear, so they may run on partial sums). Returns (plan, the pending
+  axes still to allreduce afterwards).
+
+  Example:
+    >>> from meshtf.layouts.mesh_layout import MeshLayout, TensorLayout
+    >>> layout = MeshLayout("data:4")
+    >>> plan = layout.relayout_plan("m:8;h:4", "m:8;h:4",
+    ...     old_layout=TensorLayout([None, None]),
+    ...     new_layout=TensorLayout([0, None]))
+    >>> fused, rest = fuse_reduce_scatter(plan, [0])
+    >>> [s.kind for s in fused.steps], rest, fused.bytes_per_device
+    (['reduce_scatter'], [], 96)
+  """
+  pending = list(pending_axes)
+  steps = []
+  for s in plan.steps:
+    if s.kind == "allsplit" and s.mesh_axis in pending:
+      pending.remove(s.mesh_axis)
+      elements = _prod(s.local_shape) * s.group_size
+      s = s._replace(kind="reduce_scatter", elements_per_device=elements,
+                     bytes_per_device=collective_bytes(
+                         "reduce_scatter", s.group_size, elements,
+                         dtype_size))
+    steps.append(s)
+  return RelayoutPlan(plan.old_shape, plan.new_shape, steps), pending
 
 
 def _common_prefix(a, b):

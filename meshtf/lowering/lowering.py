@@ -17,6 +17,7 @@ Example:
 import collections
 
 from meshtf import graph as graph_lib
+from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import variables as variables_lib
 
 
@@ -43,13 +44,17 @@ class PendingSum(object):
 
   def to_laid_out_tensor(self):
     if self._result is None:
-      saved = self.mesh_impl._recorder
-      self.mesh_impl._recorder = self._recorder
-      try:
-        self._result = self._reduce()
-      finally:
-        self.mesh_impl._recorder = saved
+      self._result = self.record_while(self._reduce)
     return self._result
+
+  def record_while(self, fn):
+    """fn(), with collectives counted by the lowering that made this sum."""
+    saved = self.mesh_impl._recorder
+    self.mesh_impl._recorder = self._recorder
+    try:
+      return fn()
+    finally:
+      self.mesh_impl._recorder = saved
 
   def _reduce(self):
     return self.mesh_impl.allreduce(self.laid_out, list(self.mesh_axes), "SUM")
@@ -234,6 +239,17 @@ class Lowering(object):
       return
     plan = impl.mesh_layout.relayout_plan(
         tensor.shape, tensor.shape, tensor.dtype.size, old, new)
+    raw = dict.__getitem__(self.tensors, tensor)
+    if isinstance(raw, PendingSum) and not raw.materialized:
+      # Partial sums whose new layout splits a summed axis: reduce-scatter
+      # instead of allreduce + split (GSPMD Figure 7).
+      fused, rest = relayout_lib.fuse_reduce_scatter(
+          plan, raw.mesh_axes, tensor.dtype.size)
+      if len(rest) < len(raw.mesh_axes):
+        value = raw.record_while(lambda: impl.allreduce(
+            impl.execute_relayout(raw.laid_out, fused), rest, "SUM"))
+        self.tensors.relaid[(tensor, layout)] = value
+        return
     saved = self.tensors.current
     self.tensors.current = None
     try:

@@ -288,6 +288,44 @@ class MeshImpl(object):
     y = self._alltoall(x, mesh_axis, split_axis, concat_axis)
     return self._cut(y, concat_axis, concat_size)
 
+  def reduce_scatter(self, x, mesh_axis, split_axis, padded_size=None):
+    """x holds partial sums over mesh_axis (one axis, or a tuple, major
+    first); returns their sum with split_axis split over it, each
+    processor keeping its stripe (padded first to padded_size, default the
+    next multiple of the axes' processors). Half an allreduce's bytes: the
+    pieces travel once (alltoall), then a local sum (TF has no CPU
+    reduce-scatter kernel).
+
+    Example:
+      >>> g = impl.reduce_scatter(partial_grad, data_axis, 0)
+    """
+    axes = [m for m in _axis_tuple(mesh_axis) if self.shape.dims[m].size > 1]
+    if not axes:
+      return x
+    n = 1
+    for m in axes:
+      n *= self.shape.dims[m].size
+    full = int(x.tensor_list[0].shape[split_axis])
+    padded = padded_size or n * -(-full // n)
+    x = self.slicewise(lambda t: _pad_to(t, split_axis, padded), x)
+    for m in axes:
+      self._record("reduce_scatter", [m], x)
+      x = self._reduce_scatter(x, m, split_axis)
+    return x
+
+  def allreduce_and_resplit(self, x, reduce_axes, shape, tensor_axis):
+    """The sum of partial sums x over reduce_axes, keeping this processor's
+    stripe of dim tensor_axis of shape (held whole in x): a reduce-scatter
+    where the dim splits over summed axes, else allreduce + local split."""
+    s = self._layout.dim_split(shape, tensor_axis)
+    reduce_axes = self._axes_of_size_above_one(reduce_axes)
+    if s.is_split and set(s.mesh_axes) <= set(reduce_axes):
+      x = self.reduce_scatter(x, s.mesh_axes, tensor_axis, s.padded_size)
+      return self.allreduce(x, [a for a in reduce_axes
+                                if a not in s.mesh_axes], "SUM")
+    return self.resplit_dim(self.allreduce(x, reduce_axes, "SUM"), shape,
+                            tensor_axis)
+
   def receive(self, x, mesh_axis, source_pcoord):
     """Collective permute: the processor at coordinate j along mesh_axis
     gets the slice of the one at source_pcoord[j] (zeros where None)."""
@@ -320,6 +358,14 @@ class MeshImpl(object):
   def _receive(self, x, mesh_axis, source_pcoord):
     raise NotImplementedError
 
+  def _reduce_scatter(self, x, mesh_axis, split_axis):
+    """Backends with a native reduce-scatter override this; the default
+    sends each peer its piece (alltoall onto a new leading axis) and sums
+    what arrives."""
+    x = self.slicewise(lambda t: tf.expand_dims(t, 0), x)
+    x = self._alltoall(x, mesh_axis, split_axis + 1, 0)
+    return self.slicewise(lambda t: tf.reduce_sum(t, 0), x)
+
   def slicewise(self, fn, *inputs):
     raise NotImplementedError
 
@@ -349,6 +395,9 @@ class MeshImpl(object):
       elif step.kind == "allsplit":
         x = self.allsplit(x, step.mesh_axis, step.split_axis,
                           step.padded_size)
+      elif step.kind == "reduce_scatter":
+        x = self.reduce_scatter(x, step.mesh_axis, step.split_axis,
+                                step.padded_size)
       elif step.kind == "reshape":
         x = self.slicewise(
             lambda t, s=list(step.local_shape): tf.reshape(t, s), x)

@@ -40,6 +40,8 @@ from absl import logging
 import tensorflow as tf
 
 from meshtf import graph as graph_lib
+from meshtf import shapes
+from meshtf.ops import annotations
 from meshtf.ops import elementwise
 from meshtf.ops import initializers
 from meshtf.ops import io
@@ -234,6 +236,29 @@ def warmup_then_decay(learning_rate, warmup_steps, decay="rsqrt",
                           lambda s: linear_warmup(s, warmup_steps), decay_fn)
 
 
+# --- gradients in their variables' layouts ---------------------------------------
+def in_variable_layouts(grads, variables):
+  """Each gradient laid out like its variable (None stays None). Where a
+  variable is stored split over the data axis (weight-update sharding:
+  MeshLayout variable_rules or get_variable(layout=...)), its gradient --
+  a partial sum over that axis -- is then reduce-scattered once, and the
+  clipping norm and the optimizer work on 1/N of it. Elsewhere nothing
+  changes.
+
+  Example:
+    >>> grads = in_variable_layouts(mtf.gradients([loss], vs), vs)
+  """
+  out = []
+  for g, v in zip(grads, variables):
+    value = _as_variable(v).outputs[0]
+    if g is None or (isinstance(g.operation, annotations.LayoutLikeOperation)
+                     and g.operation.layout_source is value):
+      out.append(g)
+    else:
+      out.append(annotations.LayoutLikeOperation(g, value).outputs[0])
+  return out
+
+
 # --- gradient clipping --------------------------------------------------------
 def clip_by_global_norm(grads, clip_norm):
   """Scales grads so their joint L2 norm is at most clip_norm.
@@ -326,7 +351,7 @@ class Optimizer(object):
                        "has shape %s" % (grad.name, grad.shape, var.name,
                                          var.shape))
     dtype = _compute_dtype(var)
-    grad = elementwise.cast(grad, dtype)
+    grad = elementwise.cast(in_variable_layouts([grad], [var])[0], dtype)
     ops = list(self._update(grad, var,
                             elementwise.cast(var.outputs[0], dtype)))
     # The step counter's increment, the first time it is made in a graph.
@@ -384,12 +409,19 @@ class Optimizer(object):
 
 
 def _slot(var, suffix, shape=None, dtype=tf.float32):
-  """A zero-initialised state variable '<var>/slot_<suffix>' (the parameter's
-  shape by default, hence its layout)."""
+  """A zero-initialised state variable '<var>/slot_<suffix>' (the
+  parameter's shape by default), laid out like the parameter: by the same
+  rules, or by the parameter's own layout restricted to the slot's dims
+  (Adafactor's factored slots)."""
+  shape = var.shape if shape is None else shapes.convert_to_shape(shape)
+  layout = None
+  if var.layout_spec is not None:
+    layout = [(d, a) for d, a in var.layout_spec.pairs
+              if shape.has_dim_name(d)]
   return variables_lib.get_variable(
-      var.mesh, "%s/slot_%s" % (var.name, suffix),
-      var.shape if shape is None else shape, dtype=dtype,
-      initializer=initializers.zeros_initializer(), trainable=False)
+      var.mesh, "%s/slot_%s" % (var.name, suffix), shape, dtype=dtype,
+      initializer=initializers.zeros_initializer(), trainable=False,
+      layout=layout)
 
 
 class SgdOptimizer(Optimizer):
@@ -655,7 +687,7 @@ __all__ = [
     "Optimizer", "SgdOptimizer", "MomentumOptimizer",
     "AdamWeightDecayOptimizer", "AdafactorOptimizer",
     "adafactor_decay_rate_pow", "adafactor_decay_rate_adam", "make_optimizer",
-    "clip_by_global_norm", "reduce_rms", "get_global_step", "step_num",
+    "clip_by_global_norm", "in_variable_layouts", "reduce_rms", "get_global_step", "step_num",
     "constant", "linear_warmup", "rsqrt_decay", "linear_decay",
     "product_schedule", "warmup_then_decay",
 ]

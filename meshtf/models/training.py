@@ -83,7 +83,8 @@ class TrainStep(object):
     variables = [v.outputs[0] for v in mesh.graph.trainable_variables]
     if not variables:
       raise ValueError("TrainStep: the model has no trainable variables")
-    grads = mtf.gradients([loss], variables)
+    grads = optimize.in_variable_layouts(mtf.gradients([loss], variables),
+                                         variables)
     outputs = dict(metrics or {})
     if self._clip:
       grads, outputs["gradient_norm"] = optimize.clip_by_global_norm(

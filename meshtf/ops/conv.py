@@ -523,10 +523,11 @@ class ConvFilterGradOperation(_ConvBase):
     filter_dims = [i for i, d in enumerate(out.shape.dims[:nd])
                    if impl.mesh_layout.split_axes(d)]
     if filter_dims:
-      # A split filter dim may share a mesh axis with a reduced dim: reduce
-      # first, then keep this processor's stripe.
-      df = impl.allreduce(df, reduced, "SUM") if reduced else df
-      for i in filter_dims:
+      # A split filter dim may share a mesh axis with a reduced dim: the
+      # sum then lands split (a reduce-scatter where the axes allow).
+      first, rest = filter_dims[0], filter_dims[1:]
+      df = impl.allreduce_and_resplit(df, reduced, out.shape, first)
+      for i in rest:
         df = impl.resplit_dim(df, out.shape, i)
     elif reduced:
       df = lowering_lib.PendingSum(impl, df, reduced)

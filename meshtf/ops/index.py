@@ -281,8 +281,8 @@ class GatherOperation(graph_lib.Operation):
                            dim_offset(impl, p.dim))
     axes = impl.reduced_mesh_axes(p.union, out.shape)  # dim's axis, if split
     if q is not None:
-      value = impl.resplit_dim(impl.allreduce(value, axes, "SUM"), out.shape,
-                               out.shape.dimension_names.index(q))
+      value = impl.allreduce_and_resplit(value, axes, out.shape,
+                                         out.shape.dimension_names.index(q))
     elif axes:
       value = lowering_lib.PendingSum(impl, value, axes)
     lowering.set_tensor_lowering(out, value)

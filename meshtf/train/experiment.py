@@ -215,7 +215,8 @@ def build_training_graph(config, mesh_layout=None):
   step, _ = optimize.get_global_step(mesh)
   loss, _ = loss_fn(model, sink)(mesh, features, step)
   variables = [v.outputs[0] for v in graph.trainable_variables]
-  grads = mtf.gradients([loss], variables)
+  grads = optimize.in_variable_layouts(mtf.gradients([loss], variables),
+                                       variables)
   if config.clip_gradient_norm:
     grads, _ = optimize.clip_by_global_norm(grads, config.clip_gradient_norm)
   make_optimizer(config).apply_grads(grads, variables, step=step)

@@ -153,8 +153,10 @@ def test_gather_with_ids_and_table_dims_on_one_axis():
   stats = runs[("simd", "all:8", "batch:all;vocab:all")
                ].lowering.collective_stats()
   count = lambda kind: sum(s["count"] for s in stats if s["kind"] == kind)
-  # ids (forward), ids and updates (gradient); one reduce of the lookup.
-  assert (count("allconcat"), count("allreduce_sum")) == (3, 1)
+  # ids (forward), ids and updates (gradient); the lookup's sum lands split
+  # over the ids' axis: one reduce-scatter, no allreduce.
+  assert (count("allconcat"), count("reduce_scatter"),
+          count("allreduce_sum")) == (3, 1, 0)
 
 
 def test_gather_collectives():
