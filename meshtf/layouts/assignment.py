@@ -7,7 +7,10 @@ TensorFlow's model). Three things override that for a tensor:
   mtf.shard(x, "batch:x;d_model:y")   this tensor has exactly this layout
   mtf.replicate(x)                    (dims not named are replicated)
   get_variable(..., layout=...)       a variable's stored layout
-  MeshLayout(..., variable_rules=...) the stored layout of every variable
+  MeshLayout(..., variable_rules=...) the stored layout of every variable:
+                                      these rules in order, then the layout
+                                      rules, skipping any that would put two
+                                      of its dims on one axis
 
 An annotation propagates forward: an operation lowers under one layout of
 all its dims (its "computation layout") chosen from its inputs' layouts,
@@ -87,7 +90,7 @@ def assign_layouts(mesh_layout, operations):
     elif op.layout_source is not None:
       layout = graph.tensor_mesh_layout(op.layout_source)
     elif op.creates_variable_slices and mesh_layout.variable_rules:
-      layout = mesh_layout.with_rules(mesh_layout.variable_rules)
+      layout = _variable_layout(mesh_layout, op.outputs[0].shape)
     elif op in forced:
       layout = mesh_layout
     else:
@@ -126,6 +129,23 @@ def _annotated(mesh_layout, op):
         op.layout_label, _text(rules), str(e).replace(
             "map one of", "in the annotation, map one of")))
   return layout
+
+
+def _variable_layout(mesh_layout, shape):
+  """A variable's stored layout under variable_rules: its rules in order,
+  then the layout rules, each skipped where it would put two of the
+  variable's dims on one axis (so "experts:data;d_model:data" splits the
+  expert weights by experts and the other weights by d_model)."""
+  names = shape.dimension_names
+  chosen, used = [], set()
+  for rules in (mesh_layout.variable_rules, mesh_layout.layout_rules):
+    for name, _ in rules.pairs:
+      axes = rules.mesh_axis_names(name)
+      if (name in names and name not in dict(chosen)
+          and not used & set(axes)):
+        chosen.append((name, axes))
+        used.update(axes)
+  return mesh_layout.with_rules(rules_lib.LayoutRules(chosen))
 
 
 def _propagated(mesh_layout, graph, op):

@@ -153,8 +153,9 @@ class MeshLayout(object):
   mesh_shape = property(lambda self: self._mesh)
   shape = mesh_shape  # MeshImpl's name for it
   layout_rules = property(lambda self: self._rules)
-  # The stored layout of every variable (None: the rules), e.g. GSPMD's
+  # The stored layout of variables (None: the rules), e.g. GSPMD's
   # weight-update sharding: "d_model:data" while activations split batch.
+  # Tried before the rules, per variable (meshtf/layouts/assignment.py).
   variable_rules = property(lambda self: self._variable_rules)
 
   def with_rules(self, layout_rules):

@@ -3,7 +3,8 @@ Figure 7) as t2t_configs/gspmd_dense.py expresses it: weights laid out by
 the rules (M on X, H and N on Y), activations annotated (batch on X, M, H
 and N on Y). The tiny config trains on 8 virtual CPUs with the 1-device
 losses and variables, and its forward pass allgathers BSM over Y and the
-weights over X, as Figure 7 draws.
+weights over X and reduce-scatters the layers' outputs over Y, as Figure 7
+draws.
 """
 import importlib.util
 import os
@@ -65,8 +66,11 @@ def test_tiny_2d_finalized_trains_like_one_device_with_figure_7():
       np.testing.assert_allclose(variables[name], value, rtol=1e-3,
                                  atol=1e-4, err_msg="%s %s" % (backend, name))
     kinds = {(s["kind"], s["mesh_axes"]) for s in lowering.collective_stats()}
-    # Figure 7: AG-y of the activations, AG-x of the weights.
+    # Figure 7: AG-y of the activations, AG-x of the weights, RS-y of the
+    # layers' outputs (and RS-x of the weights' gradients, backward).
     assert ("allconcat", ("y",)) in kinds and ("allconcat", ("x",)) in kinds
+    assert ("reduce_scatter", ("y",)) in kinds, kinds
+    assert ("reduce_scatter", ("x",)) in kinds, kinds
     # Every weight with two of d_model / d_ff / heads / vocab is stored
     # split over all 8 devices.
     layout_of = lowering.layout_of

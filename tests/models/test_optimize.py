@@ -61,10 +61,11 @@ def build_step(make_optimizer, activation_dtype=None, use_global_step=False,
 
 
 def train(make_optimizer, backend="simd", mesh_shape="all:1", layout="",
-          steps=STEPS, **kwargs):
+          steps=STEPS, variable_layout=None, **kwargs):
   """Returns (losses, {variable name: final value}, MeshFunction)."""
   fn = mtf.MeshFunction(build_step(make_optimizer, **kwargs),
-                        harness.make_impl(backend, mesh_shape, layout))
+                        harness.make_impl(backend, mesh_shape, layout,
+                                          variable_layout))
   x, t = tf.constant(X_NP), tf.constant(T_NP)
   losses = np.array([float(fn(x, t)) for _ in range(steps)])
   values = {n: fn.variable_value(n) for n in fn.variable_store.names()}
@@ -224,6 +225,40 @@ def test_layout_invariant_and_matches_numpy(case, backend, mesh_shape, layout):
   check_against(losses, values, base_losses, base_values, what)
   assert sorted(values) == sorted(base_values)
   check_against(losses, values, *reference(CASES[case][1]), what=what)
+
+
+# Weight-update sharding: the batch split for the computation, the
+# parameters and their slots stored split over the same processors.
+WUS_LAYOUTS = [("all:8", "batch:all", "hidden:all"),
+               ("rows:2;cols:4", "batch:rows+cols", "io:rows;hidden:cols")]
+
+
+@pytest.mark.parametrize("mesh_shape,layout,variable_layout", WUS_LAYOUTS)
+@pytest.mark.parametrize("backend", sorted(harness.BACKENDS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_weight_update_sharding_matches_numpy(case, backend, mesh_shape,
+                                              layout, variable_layout):
+  """Gradients reduce-scattered into the parameters' layout (no allreduce
+  of a parameter-sized tensor), the update and every full-size slot on
+  1/8 of each tensor, the numbers of one device and of numpy."""
+  base_losses, base_values = single_device(case)
+  losses, values, fn = train(CASES[case][0], backend, mesh_shape, layout,
+                             variable_layout=variable_layout)
+  what = "%s %s %s vars=%s" % (case, backend, layout, variable_layout)
+  check_against(losses, values, base_losses, base_values, what)
+  check_against(losses, values, *reference(CASES[case][1]), what=what)
+  store = fn.variable_store
+  full_size = [n for n in store.names()
+               if store.entry(n).shape == store.entry("w").shape]
+  assert len(full_size) >= 1 + ("slot" in " ".join(full_size))
+  for name in full_size:   # w and its full-size slots: 1/8 per device
+    entry = store.entry(name)
+    assert entry.mesh_layout.slice_size(entry.shape) * 8 == \
+        entry.shape.size, (name, what)
+  stats = fn.lowering.collective_stats()
+  assert any(s["kind"] == "reduce_scatter" for s in stats), stats
+  assert all(s["elements_per_device"] < 8 * 16 for s in stats
+             if s["kind"].startswith("allreduce")), stats
 
 
 def test_slots_share_the_parameter_layout():
