@@ -142,3 +142,40 @@ def test_every_axis_subset_groups_partition_the_mesh():
       groups = impl.processor_groups(list(axes))
       assert sorted(sum(groups, [])) == list(range(8))
       assert all(len(g) == 2 ** r for g in groups)
+
+
+@pytest.mark.parametrize("axes,size", [(0, 4), (2, 5), ((0, 2), 8),
+                                       ((2, 1), 7)])
+def test_reduce_scatter_is_sum_then_split_at_half_the_bytes(backend, axes,
+                                                            size):
+  """The sum over the group of each processor's [size, 3] values, each
+  member keeping its stripe of the first dim (padded when uneven; a tuple
+  of axes: major first); each device sends (n-1)/n of its slice, half an
+  allreduce's volume."""
+  impl = impl_for(backend)
+  values = per_device_values(impl, [size, 3])
+  stats = []
+  impl._recorder = stats.append   # pylint: disable=protected-access
+  try:
+    out = run(impl, lambda x: impl.reduce_scatter(x, axes, 0), values)
+  finally:
+    impl._recorder = None         # pylint: disable=protected-access
+  axes = axes if isinstance(axes, tuple) else (axes,)
+  n = int(np.prod([impl.shape.dims[a].size for a in axes]))
+  stripe = -(-size // n)
+  for group in impl.processor_groups(list(axes)):
+    total = np.sum(np.stack([values[p] for p in group]), axis=0)
+    total = np.pad(total, [[0, n * stripe - size], [0, 0]])
+    for p in group:
+      coords = impl.pnum_to_processor_coordinates(p)
+      shard = 0
+      for a in axes:
+        shard = shard * impl.shape.dims[a].size + coords[a]
+      np.testing.assert_allclose(out[p], total[shard * stripe:
+                                               (shard + 1) * stripe],
+                                 rtol=1e-5, atol=1e-6)
+  sent = sum(r.bytes_per_device for r in stats)
+  allreduce = 2.0 * (n - 1) / n * size * 3 * 4
+  assert {r.kind for r in stats} == {"reduce_scatter"}
+  # Padding rounds the pieces up; for even sizes it is exactly half.
+  assert allreduce / 2 <= sent <= allreduce / 2 * (n * stripe / size) + 1
