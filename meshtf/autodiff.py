@@ -30,6 +30,10 @@ def gradients(ys, xs, grad_ys=None, operations=None):
   if not ys:
     raise ValueError("gradients needs at least one y")
   graph = ys[0].graph
+  # Where the backward pass starts in the graph's order (the plan report's
+  # "activations kept for the backward pass" are read after it).
+  if graph.backward_start is None:
+    graph.backward_start = len(graph.operations)
   operations = list(operations if operations is not None else graph.operations)
   if grad_ys is None:
     grad_ys = [io.ones_like(y) for y in ys]

@@ -32,6 +32,8 @@ class Graph(object):
     self.trainable_variables = []
     self.all_variables = []
     self.seed = seed
+    # Index in operations of the first backward op (set by mtf.gradients).
+    self.backward_start = None
     self._names = set()
     self._next_suffix = {}
 

@@ -552,6 +552,13 @@ class AdafactorOptimizer(Optimizer):
   clipping_threshold, scaled by max(rms(var), epsilon2) when
   multiply_by_parameter_scale, and, with beta1 > 0, averaged in '<var>/slot_m'.
 
+  Dims named in not_factored (default: "experts") are never factored: a
+  stack of independent weights (an MoE layer's experts) gets one pair of
+  accumulators per member, and the accumulators keep the stack's split
+  (factoring over 2,048 experts instead would average the experts'
+  statistics together and replicate a [d_model, hidden] accumulator on
+  every device; the plan report found it).
+
   Defaults depend on the step s (updates already applied):
   decay_rate = 1 - (s + 1)^-0.8, learning_rate = min(0.01, 1/sqrt(s + 1))
   (times 0.05 without parameter scale, as in Mesh TensorFlow).
@@ -564,7 +571,7 @@ class AdafactorOptimizer(Optimizer):
   def __init__(self, multiply_by_parameter_scale=True, learning_rate=None,
                decay_rate=None, beta1=0.0, clipping_threshold=1.0,
                factored=True, epsilon1=1e-30, epsilon2=1e-3,
-               min_dim_size_to_factor=128):
+               min_dim_size_to_factor=128, not_factored=("experts",)):
     self._multiply_by_parameter_scale = multiply_by_parameter_scale
     if learning_rate is None:
       learning_rate = self._learning_rate_default(multiply_by_parameter_scale)
@@ -577,6 +584,7 @@ class AdafactorOptimizer(Optimizer):
     self._epsilon1 = epsilon1
     self._epsilon2 = epsilon2
     self._min_dim_size_to_factor = min_dim_size_to_factor
+    self._not_factored = frozenset(not_factored or ())
 
   @staticmethod
   def _learning_rate_default(multiply_by_parameter_scale):
@@ -584,11 +592,12 @@ class AdafactorOptimizer(Optimizer):
     return lambda step: _minimum(_rsqrt(step + 1.0), 0.01) * scale
 
   def _factored_dims(self, shape):
-    """The two largest dims if both are >= min_dim_size_to_factor, else
-    None."""
-    if not self._factored or shape.ndims < 2:
+    """The two largest dims (not in not_factored) if both are >=
+    min_dim_size_to_factor, else None."""
+    dims = [d for d in shape.dims if d.name not in self._not_factored]
+    if not self._factored or len(dims) < 2:
       return None
-    sorted_dims = sorted(shape.dims, key=lambda d: -d.size)
+    sorted_dims = sorted(dims, key=lambda d: -d.size)
     if sorted_dims[1].size < self._min_dim_size_to_factor:
       return None
     return sorted_dims[:2]

@@ -1,0 +1,155 @@
+"""The plan report: what a model needs per device under a mesh layout --
+memory, flops by op family, collectives (from the traced per-device SPMD
+program: exactly what a run emits) and an estimated step time on a
+hardware model -- without devices and without running anything.
+
+Step time = the roofline of every op (max of flops / peak and bytes /
+memory bandwidth) + the alpha-beta time of every collective
+(hardware.py), without overlap. The assumptions are printed with it.
+
+Example:
+  >>> report = plan(graph, mtf.MeshLayout("rows:2;cols:4", "batch:rows"),
+  ...               hardware="tpuv3", backward_start=n_forward_ops)
+  >>> report.summary()["step_seconds"]
+"""
+import json
+
+from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import simd
+from meshtf.plan import accounting
+from meshtf.plan import hardware as hardware_lib
+
+
+def notional_devices(n, per_host=8):
+  """Device names for a mesh of n processors that only gets traced."""
+  return ["/job:worker/replica:0/task:%d/device:CPU:%d" % (i // per_host,
+                                                           i % per_host)
+          for i in range(n)]
+
+
+class PlanReport(object):
+  """Per-device needs of one graph on one mesh layout and hardware model.
+
+  Attributes:
+    mesh_layout, hardware, accounting (plan/accounting.py),
+    collectives: the traced program's collective_stats().
+  """
+
+  def __init__(self, mesh_layout, hw, acc, collectives):
+    self.mesh_layout = mesh_layout
+    self.hardware = hw
+    self.accounting = acc
+    self.collectives = collectives
+
+  def compute_seconds(self):
+    hw = self.hardware
+    total = 0.0
+    for c in self.accounting.costs:
+      total += max(c.flops / hw.peak_flops, c.bytes / hw.memory_bandwidth)
+    return total * (self.mesh_layout.size if hw.shared_compute else 1)
+
+  def collective_seconds(self):
+    mesh = self.mesh_layout.mesh_shape
+    return sum(r["count"] * hardware_lib.collective_seconds(
+        self.hardware, mesh, r) for r in self.collectives)
+
+  def summary(self):
+    """The report as a dict (what the JSON file holds)."""
+    acc = self.accounting
+    flops, touched = acc.flops, acc.bytes
+    compute, comm = self.compute_seconds(), self.collective_seconds()
+    by_kind = {}
+    for r in self.collectives:
+      entry = by_kind.setdefault(r["kind"], {"count": 0, "bytes": 0})
+      entry["count"] += r["count"]
+      entry["bytes"] += r["count"] * r["bytes_per_device"]
+    return {
+        "mesh": ";".join("%s:%d" % (d.name, d.size)
+                         for d in self.mesh_layout.mesh_shape.dims),
+        "layout": ";".join("%s:%s" % p
+                           for p in self.mesh_layout.layout_rules.pairs),
+        "hardware": self.hardware.name,
+        "memory_bytes_per_device": dict(acc.memory),
+        "fits_in_memory": acc.memory["peak"] <= self.hardware.memory_bytes,
+        "flops_per_device": flops,
+        "flops_by_family": dict(acc.flops_by_family),
+        "arithmetic_intensity": flops / touched if touched else 0.0,
+        "collectives": [dict(r) for r in self.collectives],
+        "collective_bytes_per_device": sum(
+            r["count"] * r["bytes_per_device"] for r in self.collectives),
+        "collectives_by_kind": by_kind,
+        "compute_seconds": compute,
+        "collective_seconds": comm,
+        "step_seconds": compute + comm,
+        "assumptions": self.hardware.describe() + [
+            "step time = sum of the ops' rooflines + sum of the "
+            "collectives' alpha-beta times, without overlap"],
+    }
+
+  def to_json(self):
+    return json.dumps(self.summary(), indent=1, sort_keys=True,
+                      default=str)
+
+  def text(self):
+    """One screen: memory, flops, collectives, step time, assumptions."""
+    s = self.summary()
+    mem = s["memory_bytes_per_device"]
+    mb = lambda b: "%.3f MB" % (b / 1e6)  # noqa: E731
+    lines = [
+        "plan: mesh %s, layout %s, hardware %s" % (s["mesh"], s["layout"],
+                                                   s["hardware"]),
+        "memory per device: parameters %s, optimizer state %s, activations "
+        "kept for backward %s, activation peak %s, padding %s; peak %s (%s)"
+        % (mb(mem["parameters"]), mb(mem["optimizer_state"]),
+           mb(mem["activations_saved"]), mb(mem["activations_peak"]),
+           mb(mem["padding"]), mb(mem["peak"]),
+           "fits" if s["fits_in_memory"] else "DOES NOT FIT in %s" % mb(
+               self.hardware.memory_bytes)),
+        "flops per device: %.4g (%s); arithmetic intensity %.2f flop/byte"
+        % (s["flops_per_device"], ", ".join(
+            "%s %.3g" % kv for kv in sorted(
+                s["flops_by_family"].items(), key=lambda kv: -kv[1])[:5]),
+           s["arithmetic_intensity"]),
+        "collectives per step: %s; %s sent per device" % (
+            ", ".join("%s x%d (%s)" % (k, v["count"], mb(v["bytes"]))
+                      for k, v in sorted(s["collectives_by_kind"].items())),
+            mb(s["collective_bytes_per_device"])),
+        "step time estimate: %.4g s (compute %.4g s + collectives %.4g s)"
+        % (s["step_seconds"], s["compute_seconds"],
+           s["collective_seconds"]),
+        "assumptions:"] + ["  " + a for a in s["assumptions"]]
+    return "\n".join(lines)
+
+
+def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
+         trace=True):
+  """The PlanReport of graph (one mesh) under mesh_layout on a hardware
+  model ("tpuv3", "h100_8x_node", "cpu"). backward_start: index in
+  graph.operations of the first backward op (for the activations kept
+  for the backward pass; default: where mtf.gradients began). Traces
+  the per-device SPMD program on notional devices (never run) for the
+  collectives; trace=False skips that (memory and flops only, in a
+  fraction of the time). Raises LayoutError / ValueError on bad input
+  before any tracing.
+
+  Example:
+    >>> print(plan(graph, mtf.MeshLayout("x:8", "batch:x")).text())
+  """
+  hw = hardware_lib.get(hardware)
+  meshes = {op.mesh for op in graph.operations}
+  if len(meshes) != 1:
+    raise ValueError("plan: the graph has %d meshes; plan one mesh's graph"
+                     % len(meshes))
+  mesh = meshes.pop()
+  operations = list(graph.operations)
+  graph_layout = mesh_layout.assign(lowering_lib.all_operations(operations))
+  if backward_start is None:
+    backward_start = graph.backward_start
+  acc = accounting.account(operations, graph_layout, backward_start)
+  collectives = []
+  if trace:
+    impl = simd.SimdMeshImpl(mesh_layout, None,
+                             notional_devices(mesh_layout.size))
+    collectives = lowering_lib.Lowering(graph, {mesh: impl}, launch=False,
+                                        outputs=[]).collective_stats()
+  return PlanReport(mesh_layout, hw, acc, collectives)

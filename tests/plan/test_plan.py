@@ -1,0 +1,170 @@
+"""The plan report (meshtf/plan/): per-device memory, flops and
+collectives of a graph under a mesh layout, without devices -- exact
+against hand counts on the paper's two-layer network, equal to what a run
+emits, and the papers' scaling claims on their own configs."""
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import harness
+import meshtf as mtf
+import meshtf.plan  # noqa: F401
+from meshtf.plan import hardware
+from meshtf.train import config as config_lib
+from meshtf.train import experiment
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "t2t_configs")
+B, IO, H = 128, 64, 256
+
+
+def _config(name, row=None):
+  spec = importlib.util.spec_from_file_location(
+      name, os.path.join(CONFIGS, name + ".py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(row) if row else module.get_config()
+
+
+def two_layer_step(mesh):
+  """The Mesh-TF paper's network in the middle of a model: forward,
+  gradients of the weights and of x (passed to the previous layer, here a
+  variable), SGD on the weights."""
+  batch, io, hidden = (mtf.Dimension("batch", B), mtf.Dimension("io", IO),
+                       mtf.Dimension("hidden", H))
+  x = mtf.zeros(mesh, [batch, io])
+  w = mtf.get_variable(mesh, "w", [io, hidden])
+  bias = mtf.get_variable(mesh, "bias", [hidden])
+  v = mtf.get_variable(mesh, "v", [hidden, io])
+  h = mtf.relu(mtf.einsum([x, w], output_shape=[batch, hidden]) + bias)
+  y = mtf.einsum([h, v], output_shape=[batch, io])
+  loss = mtf.reduce_sum(mtf.square(y))
+  dx, *grads = mtf.gradients([loss], [x, w, bias, v])
+  sink = mtf.get_variable(mesh, "previous_layer_grad", [batch, io],
+                          trainable=False)
+  mtf.assign(sink, dx)
+  for var, g in zip([w, bias, v], grads):
+    mtf.assign_sub(var, g * 0.1)
+  return loss
+
+
+def _plan(mesh_shape, layout, **kwargs):
+  graph = mtf.Graph()
+  two_layer_step(mtf.Mesh(graph, "m"))
+  return mtf.plan.plan(graph, mtf.MeshLayout(mesh_shape, layout), **kwargs)
+
+
+@pytest.mark.parametrize("mesh_shape,layout,r,c", [
+    ("all:8", "batch:all", 8, 1),
+    ("all:8", "hidden:all", 1, 8),
+    ("rows:2;cols:4", "batch:rows;hidden:cols", 2, 4)])
+def test_two_layer_counts_are_exact(mesh_shape, layout, r, c):
+  """Mesh-TF Table 1, exactly: allreduced values per processor are
+  2 b io / r (y forward, dx backward, over the hidden split) + 2 io h / c
+  (the w and v gradients over the batch split) + h / c (the bias gradient);
+  flops and memory by hand."""
+  report = _plan(mesh_shape, layout)
+  s = report.summary()
+  allreduced = sum(x["elements_per_device"] * x["count"]
+                   for x in s["collectives"] if x["kind"] == "allreduce_sum")
+  b, h = B // r, H // c
+  batch_split, hidden_split = r > 1, c > 1
+  expected = (2 * b * IO if hidden_split else 0) + (
+      (2 * IO * h + h) if batch_split else 0)
+  assert allreduced == expected, (allreduced, expected)
+  # Six einsums of b x io x h per device: 2 forward, dh, dv, dw, dx.
+  assert s["flops_by_family"]["einsum"] == 6 * 2 * b * IO * h
+  mem = s["memory_bytes_per_device"]
+  assert mem["parameters"] == (2 * IO * h + h) * 4
+  assert mem["optimizer_state"] == b * IO * 4      # the sink variable
+  # Kept for the backward pass: x (read by dw), relu's output h (read by
+  # dv and by relu's gradient) and y (read by the square's gradient).
+  assert mem["activations_saved"] == (2 * b * IO + b * h) * 4
+  assert mem["peak"] >= mem["parameters"] + mem["activations_saved"]
+
+
+def test_the_plan_traces_what_a_run_emits():
+  """The traced program's collectives equal a real run's on 8 CPUs."""
+  mesh_shape, layout = "rows:2;cols:4", "batch:rows;hidden:cols"
+  planned = _plan(mesh_shape, layout).collectives
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  two_layer_step(mesh)
+  impl = harness.make_impl("simd", mesh_shape, layout)
+  ran = mtf.Lowering(graph, {mesh: impl}, outputs=[]).collective_stats()
+  assert planned == ran and planned
+
+
+def test_step_time_model_and_screen():
+  report = _plan("rows:2;cols:4", "batch:rows;hidden:cols",
+                 hardware="h100_8x_node")
+  s = report.summary()
+  assert s["step_seconds"] == pytest.approx(s["compute_seconds"] +
+                                            s["collective_seconds"])
+  # 8 GPUs of one node: NVLink bandwidth; the compute is the einsums'.
+  assert 0 < s["compute_seconds"] < 1e-3 and s["fits_in_memory"]
+  text = report.text()
+  for part in ("memory per device", "flops per device",
+               "collectives per step", "step time estimate",
+               "NVLink", "without overlap"):
+    assert part in text, text
+  assert '"step_seconds"' in report.to_json()
+  with pytest.raises(ValueError, match="unknown hardware model 'tpu9'"):
+    _plan("all:8", "batch:all", hardware="tpu9")
+
+
+def _paper_memory(name, row, exclude=None):
+  """Per-device memory of a paper config's training step (without
+  variables whose name contains `exclude`, if given)."""
+  c = _config(name, row)
+  layout = config_lib.mesh_layout(c)
+  graph, _ = experiment.build_training_graph(c, layout)
+  memory = mtf.plan.plan(graph, layout, "tpuv3", trace=False).summary()[
+      "memory_bytes_per_device"]
+  if exclude:
+    graph_layout = layout.assign(graph.operations)
+    for v in graph.all_variables:
+      if exclude in v.name:
+        key = ("parameters" if v in graph.trainable_variables
+               else "optimizer_state")
+        memory[key] -= graph_layout.tensor_mesh_layout(
+            v.outputs[0]).slice_size(v.shape) * v.dtype.size
+  return memory
+
+
+def test_gshard_moe_memory_per_device_stays_flat():
+  """GShard: experts grow with devices (one expert per core), so each
+  core's weights and optimizer state stay the same from 128 to 2048
+  experts (12 layers) -- all but the routers' [d_model, experts] weights,
+  which every core holds whole (2.5% of its bytes at 2048 experts)."""
+  mems = [_paper_memory("gshard_moe", row, exclude="top_2_gating")
+          for row in ("128E_12L", "512E_12L", "2048E_12L")]
+  for m in mems[1:]:
+    assert m["parameters"] == pytest.approx(mems[0]["parameters"], rel=0.01)
+    assert m["optimizer_state"] == pytest.approx(mems[0]["optimizer_state"],
+                                                 rel=0.01)
+
+
+def test_gspmd_2d_finalized_long_lived_memory_scales_with_devices():
+  """GSPMD 5.1: with the 2D finalized sharding every weight matrix splits
+  over all X * Y devices: 4x the devices, 1/4 the bytes (the vectors --
+  norm scales, Adafactor's factored accumulators -- split over one axis,
+  and are under 1% of the bytes); the activations kept per device stay
+  flat (the batch grows with X, d_model splits over Y)."""
+  mems = [_paper_memory("gspmd_dense", row)
+          for row in ("64B_8x16", "64B_16x32", "64B_32x64")]
+  for small, big in zip(mems, mems[1:]):
+    assert big["parameters"] == pytest.approx(small["parameters"] / 4,
+                                              rel=0.005)
+    long_lived = lambda m: m["parameters"] + m["optimizer_state"]  # noqa
+    assert long_lived(big) == pytest.approx(long_lived(small) / 4, rel=0.02)
+    assert big["activations_saved"] == pytest.approx(
+        small["activations_saved"], rel=0.05)
+
+
+def test_hardware_models_say_their_assumptions():
+  for hw in hardware.HARDWARE.values():
+    lines = hw.describe()
+    assert len(lines) >= 3 and lines[0].startswith(hw.name)
