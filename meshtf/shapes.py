@@ -11,9 +11,49 @@ Example:
   128
 """
 import collections
+import operator
 import re
 
-Dimension = collections.namedtuple("Dimension", ["name", "size"])
+
+class Dimension(collections.namedtuple("Dimension", ["name", "size"])):
+  """A named tensor dimension: (name, size), checked when it is made.
+
+  The name is a non-empty string; the size an integer >= 0. Size 0 is legal,
+  as in TensorFlow (an empty tensor: reductions over it give their identity,
+  a split of it gives every processor an empty slice); a negative size, a
+  bool, a float or None is refused here with the dimension named, not deep
+  inside a lowering.
+
+  Example:
+    >>> Dimension("batch", 8)
+    Dimension(name='batch', size=8)
+    >>> Dimension("batch", -4)
+    Traceback (most recent call last):
+    ValueError: Dimension 'batch' has size -4: a size is an integer >= 0 ...
+  """
+  __slots__ = ()
+
+  def __new__(cls, name, size):
+    if not isinstance(name, str) or not name:
+      raise ValueError(
+          "Dimension name %r (size %r) must be a non-empty string, e.g. "
+          "mtf.Dimension('batch', 8)" % (name, size))
+    if isinstance(size, bool):
+      raise ValueError("Dimension %r has size %r: a size is an integer >= 0,"
+                       " not a bool" % (name, size))
+    try:
+      size = operator.index(size)   # int and numpy integers, not floats
+    except TypeError:
+      raise ValueError(
+          "Dimension %r has size %r (%s): a size is an integer >= 0, e.g. "
+          "mtf.Dimension(%r, 8)" % (name, size, type(size).__name__, name)
+      ) from None
+    if size < 0:
+      raise ValueError(
+          "Dimension %r has negative size %d: a size is an integer >= 0 (0 is an "
+          "empty dimension), e.g. mtf.Dimension(%r, %d)" % (
+              name, size, name, -size))
+    return super().__new__(cls, name, size)
 
 
 def convert_to_dimension(d):
@@ -26,16 +66,14 @@ def convert_to_dimension(d):
   if d is None:
     return None
   if isinstance(d, Dimension):
-    if not isinstance(d.name, str) or not isinstance(d.size, int):
-      raise ValueError("Bad dimension %r: name must be str and size int" % (d,))
-    return d
-  name, size = d
-  if isinstance(size, str):
+    return d   # checked when it was made
+  try:
+    name, size = d
+  except (TypeError, ValueError):
+    raise ValueError("Bad dimension %r: expected a Dimension or a (str name, "
+                     "int size) pair" % (d,)) from None
+  if isinstance(size, str) and re.fullmatch(r"\s*\d+\s*", size):
     size = int(size)
-  if not isinstance(name, str) or not isinstance(size, int) or isinstance(size, bool):
-    raise ValueError("Bad dimension %r: expected (str name, int size)" % (d,))
-  if size < 0:
-    raise ValueError("Dimension %r has negative size %d" % (name, size))
   return Dimension(name, size)
 
 
