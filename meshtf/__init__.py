@@ -14,6 +14,11 @@ Example:
 
 Importing meshtf creates no devices and runs no TensorFlow op.
 """
+# `python -m meshtf.train` imports this package, and so TensorFlow, before
+# the binary's code runs: its quiet start (no C++ start-up lines) begins here.
+from meshtf.train import startup as _startup
+_startup.quiet_if_command_line()
+
 from meshtf import placement_mesh_impl
 from meshtf import simd_mesh_impl
 from meshtf.autodiff import gradients

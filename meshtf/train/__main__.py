@@ -8,6 +8,6 @@ from absl import flags
 from meshtf.train import main
 
 if __name__ == "__main__":
-  main.define_flags()
+  main.define_flags_or_exit()
   flags.adopt_module_key_flags(main)  # so --helpshort lists them
   main.entry_point()

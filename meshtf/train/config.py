@@ -237,12 +237,14 @@ def moe_layer_indices(config, num_layers):
   return indices
 
 
-def validate(config, check_layout=True, check_data=True):
+def validate(config, check_layout=True, check_data=True, flag_names=None):
   """Raises ConfigError listing every problem (one line each) found before
   any TensorFlow work: unknown keys, bad values, malformed mesh_shape or
-  layout, a mesh whose size is not the device count, missing data files,
-  and (check_layout) any tensor of the model whose dims the layout splits
-  twice over one mesh axis. Returns the config's MeshLayout.
+  layout, a mesh whose size is not the device count, data files that are
+  missing, folders, empty or not UTF-8, and (check_layout) any tensor of
+  the model whose dims the layout splits twice over one mesh axis. Returns
+  the config's MeshLayout. flag_names maps keys to the flag that set them
+  (e.g. {"train_steps": "--train_steps"}): a problem names the flag used.
 
   Example:
     >>> c = default_config(); c.num_virtual_cpus = 4
@@ -265,6 +267,14 @@ def validate(config, check_layout=True, check_data=True):
     if not ok:
       problems.append(msg)
 
+  def flag(key):
+    """How the user set `key`: its flag, else --config.<key> (the fix)."""
+    return (flag_names or {}).get(key, "--config." + key)
+
+  def given(key):
+    """`key` as the user wrote it: --train_steps, or the config key."""
+    return (flag_names or {}).get(key, key)
+
   need(config.model_type in MODEL_TYPES, "model_type=%r is unknown: use "
        "--config.model_type=lm or bitransformer" % config.model_type)
   for key in ("vocab_size", "d_model", "num_layers", "num_heads", "d_kv",
@@ -272,9 +282,9 @@ def validate(config, check_layout=True, check_data=True):
               "keep_checkpoints", "checkpoint_every", "log_every",
               "eval_steps", "decode_batches"):
     value = config[key]
-    need(isinstance(value, int) and value >= 1,
-         "%s=%r must be a positive integer: set --config.%s" % (key, value,
-                                                                 key))
+    need(isinstance(value, int) and not isinstance(value, bool) and
+         value >= 1, "%s=%r must be a positive integer: set %s to 1 or more"
+         % (given(key), value, flag(key)))
   need(0.0 <= config.dropout_rate < 1.0, "dropout_rate=%r must be in [0, 1)"
        ": set --config.dropout_rate=0.1, say" % config.dropout_rate)
   need(config.backend in BACKENDS, "backend=%r is unknown: use --backend="
@@ -287,8 +297,8 @@ def validate(config, check_layout=True, check_data=True):
        % config.learning_rate)
   for key in ("warmup_steps", "eval_every", "clip_gradient_norm",
               "weight_decay_rate", "export_batch_size"):
-    need(config[key] >= 0, "%s=%r must be >= 0: set --config.%s" % (
-        key, config[key], key))
+    need(config[key] >= 0, "%s=%r must be >= 0: set %s" % (
+        given(key), config[key], flag(key)))
   need(0.0 <= config.target_accuracy <= 1.0, "target_accuracy=%r must be "
        "in [0, 1]" % config.target_accuracy)
   need(config.decode_method in DECODE_METHODS, "decode_method=%r is "
@@ -316,8 +326,10 @@ def validate(config, check_layout=True, check_data=True):
        % config.positional_embedding)
   need(config.norm_type in ("rms_norm", "layer_norm"), "norm_type=%r: use "
        "rms_norm or layer_norm" % config.norm_type)
-  need(config.num_virtual_cpus >= 0, "num_virtual_cpus=%r must be >= 0 (0: "
-       "one per mesh processor)" % config.num_virtual_cpus)
+  need(config.num_virtual_cpus >= 0, "%s=%r must be >= 0: set %s=0 (one "
+       "device per mesh processor) or to the mesh's size" % (
+           given("num_virtual_cpus"), config.num_virtual_cpus,
+           flag("num_virtual_cpus")))
   moe = config.moe
   if moe.num_experts:
     need(moe.num_experts >= 1, "moe.num_experts=%r must be >= 0 (0: no MoE)"
@@ -359,13 +371,17 @@ def _task_problems(config):
   from meshtf.train import data
   task = config.task
   out = []
-  files = [f for f in str(task.data_files).split(",") if f.strip()]
-  eval_files = [f for f in str(task.eval_data_files).split(",") if f.strip()]
+  files = [f.strip() for f in str(task.data_files).split(",") if f.strip()]
+  eval_files = [f.strip() for f in str(task.eval_data_files).split(",")
+                if f.strip()]
   if files or eval_files:
+    from meshtf.train import text_data
     for f in files + eval_files:
-      if not os.path.isfile(f):
-        out.append("data file %s does not exist: pass existing text files "
-                   "with --config.task.data_files=a.txt,b.txt" % f)
+      problem = text_data.text_file_problem(
+          f, "data file", "--config.task.%s=a.txt,b.txt" % (
+              "data_files" if f in files else "eval_data_files"))
+      if problem:
+        out.append(problem)
     if not files:
       out.append("task.eval_data_files is set but task.data_files is empty: "
                  "set --config.task.data_files")
@@ -414,15 +430,23 @@ def _mesh_problems(config, problems):
   returns it (None if unparsable)."""
   from meshtf import shapes
   from meshtf import layouts
-  mesh_shape = rules = None
+  mesh_shape = None
   try:
     mesh_shape = shapes.convert_to_shape(str(config.mesh_shape))
     if not mesh_shape.ndims:
-      raise ValueError("no axes")
+      raise ValueError("it has no axes")
   except (ValueError, TypeError) as e:
     problems.append(
         "mesh_shape %r is malformed: %s (e.g. --mesh_shape=data:4;model:2)"
         % (config.mesh_shape, str(e).splitlines()[0]))
+    mesh_shape = None
+  empty = [d for d in mesh_shape or [] if d.size < 1]
+  if empty:
+    problems.append(
+        "mesh_shape %r: axis %r has size 0; every mesh axis needs at least "
+        "1 processor: e.g. --mesh_shape=%s" % (
+            config.mesh_shape, empty[0].name, ";".join(
+                "%s:%d" % (d.name, max(d.size, 1)) for d in mesh_shape)))
     mesh_shape = None
   parsed = {}
   for key in ("layout", "variable_layout", "activation_layout"):
@@ -443,7 +467,7 @@ def _mesh_problems(config, problems):
                     "--config.activation_layout: %s" % str(e).splitlines()[0])
     return None
   devices = config.num_virtual_cpus or layout.size
-  if devices != layout.size:
+  if devices != layout.size and devices > 0:  # < 0 is a problem of its own
     problems.append(
         "mesh_shape %r has %d processors but num_virtual_cpus is %d: set "
         "--num_virtual_cpus=%d or a mesh_shape whose sizes multiply to %d"

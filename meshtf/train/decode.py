@@ -38,6 +38,8 @@ import numpy as np
 from meshtf.train import data as data_lib
 
 STRATEGIES = ("greedy", "sample", "beam")
+# A prompt file for t2t_configs/lm_tiny.py (the synthetic copy task).
+EXAMPLE_PROMPTS = "t2t_configs/lm_tiny_prompts.txt"
 
 
 class PromptError(ValueError):
@@ -75,18 +77,17 @@ def read_prompts(config, model_dir):
     >>> p.batches[0]["targets"][0, :5].tolist()
     [5, 9, 4, 2, 4]
   """
+  from meshtf.train import text_data
   path = str(config.decode_prompts_file or "")
   if not path:
     return None
-  if not os.path.isfile(path):
-    raise PromptError("decode prompt file %s does not exist: set "
-                      "--config.decode_prompts_file to a file with one prompt "
-                      "per line" % path)
+  problem = text_data.text_file_problem(
+      path, "decode prompt file", "--config.decode_prompts_file=%s (one "
+      "prompt per line)" % EXAMPLE_PROMPTS)
+  if problem:
+    raise PromptError(problem)
   with open(path, encoding="utf-8") as f:
     numbered = [(i + 1, l.strip()) for i, l in enumerate(f) if l.strip()]
-  if not numbered:
-    raise PromptError("decode prompt file %s has no prompts: write one "
-                      "prompt per line" % path)
   seq2seq = config.model_type == "bitransformer"
   task = config.task
   if task.data_files or task.tfds_name:
@@ -259,7 +260,6 @@ class Decoder(object):
   def __init__(self, session):
     self.session = session
     self._fns = {}
-    self._saved = None   # (checkpoint path, its variable names)
 
   def _mesh_function(self, key, build_ids):
     if key not in self._fns:
@@ -311,14 +311,10 @@ class Decoder(object):
     """Decoding must use only trained weights: a variable the checkpoint
     lacks (e.g. a layer that made new variables in a second call) would
     silently start from its initializer."""
-    import json
-    latest = self.session.manager.latest()
-    if latest is None:
-      return
-    if self._saved is None or self._saved[0] != latest:  # read once per path
-      with open(os.path.join(latest, "meta.json")) as f:
-        self._saved = (latest, set(json.load(f)["variables"]))
-    fresh = [n for n in self.session.store.names() if n not in self._saved[1]]
+    saved = self.session.restored_names
+    if saved is None:
+      return   # nothing was restored: fresh weights throughout
+    fresh = [n for n in self.session.store.names() if n not in saved]
     if fresh:
       raise RuntimeError(
           "decoding created variables the checkpoint does not have (%s): a "
@@ -364,7 +360,8 @@ def decode(session, data, step, log, prompt_set=None):
             "token_accuracy": token / count if has_answers else None,
             "step": step, "outputs": texts, "count": count,
             "strategy": config.decode_strategy,
-            "examples": _examples(first[0], first[1], seq2seq, vocab),
+            "examples": _examples(first[0], first[1], seq2seq, vocab,
+                                  rows=min(3, count)),
             "seconds": time.time() - t0,
             "first_batch": first[0], "first_decoded": first[1]}
   for ex in result["examples"][:3]:
@@ -414,11 +411,14 @@ def _text(vocab, tokens):
   return " ".join(str(t) for t in tokens if t != data_lib.EOS)
 
 
-def _examples(batch, decoded, seq2seq, vocab=None):
+def _examples(batch, decoded, seq2seq, vocab=None, rows=3):
+  """The first `rows` rows of a batch as printable examples (a prompt
+  file's last batch is padded with copies of its first prompt: those are
+  not shown)."""
   prompt_len, refs = decode_prompts(batch, seq2seq)
   got = outputs(decoded, batch, seq2seq)
   out = []
-  for row in range(min(3, len(refs))):
+  for row in range(min(rows, len(refs))):
     source = batch["inputs"][row] if seq2seq else \
         batch["targets"][row, :prompt_len[row]]
     source = [int(t) for t in source if t]

@@ -31,20 +31,25 @@ import tensorflow as tf
 import meshtf as mtf
 from meshtf.lowering import variables as variables_lib
 from meshtf.models import transformer
-from meshtf.train import checkpoint
+from meshtf.train import checkpoint as checkpoint_lib
 from meshtf.train import data as data_lib
 from meshtf.train import experiment
 
 
-def export(config, model_dir, export_dir):
-  """Writes the SavedModel of model_dir's latest checkpoint to export_dir
+def export(config, model_dir, export_dir, checkpoint=None):
+  """Writes the SavedModel of a checkpoint (default: model_dir's newest
+  intact one; or a verified checkpoint_lib.IntactCheckpoint) to export_dir
   (replacing it atomically); returns export_dir."""
+  from meshtf.train import startup
   device = tf.config.list_logical_devices("CPU")[0].name
+  startup.devices_ready()   # TensorFlow's start-up lines are over
   impl = mtf.PlacementMeshImpl("all:1", "", [device])
   store = variables_lib.VariableStore()
-  step = checkpoint.CheckpointManager(model_dir).restore(store)
-  if step is None:
+  found = checkpoint or checkpoint_lib.CheckpointManager(
+      model_dir).read_newest_intact()
+  if found is None:
     raise FileNotFoundError("no checkpoint in %s" % model_dir)
+  store.restore_values(found.values)
   sink = experiment.MoeMetrics()
   model = experiment.build_model(config, sink)
   seq2seq = config.model_type == "bitransformer"
@@ -107,8 +112,7 @@ def export(config, model_dir, export_dir):
   args = (zeros, zeros) if seq2seq else (zeros,)
   score_fn(*args)
   (decode_fn if cached else argmax_fn)(*args)
-  missing = [n for n in store.names()
-             if n not in checkpoint.CheckpointManager(model_dir).read()[1]]
+  missing = [n for n in store.names() if n not in found.values]
   if missing:
     raise ValueError("export: variables %s are not in the checkpoint" %
                      missing[:3])

@@ -9,14 +9,11 @@ The default experiment is a tiny MoE language model learning to reverse
 random sequences on 8 virtual CPUs with a data + model + expert parallel
 layout (see meshtf/train/config.py).
 
-train   restores the latest checkpoint in --model_dir if there is one (the
-        data and the step continue exactly where it stopped), prints a
-        summary (mesh, layout, parameters per device, collectives per
-        step), shows a progress bar (loss, accuracy, tokens/s, learning
-        rate, MoE load), writes TensorBoard summaries and per-step metrics
-        (metrics.jsonl), checkpoints every checkpoint_every steps and at the
-        end, evaluates on held-out data and says whether the accuracy
-        target was reached.
+train   restores the newest intact checkpoint in --model_dir if there is
+        one (the data and the step continue exactly where it stopped) and
+        trains on (meshtf/train/training_loop.py); the run locks
+        model_dir and first removes what an interrupted run left there
+        (meshtf/train/model_dir.py).
 eval    loss, accuracy and perplexity on held-out data.
 decode  greedy, sampling or beam-search decoding of held-out inputs or of
         a prompt file, with exact-match accuracy where answers are known
@@ -25,122 +22,185 @@ export  a SavedModel (plain tf.Variables, full values) with signatures
         "score" (targets -> per-example loss) and "decode" (greedy), which
         TensorFlow loads without meshtf.
 
-Bad input (config key, mesh shape, layout, device count, two dims on one axis,
-data files) is reported as one line on stderr before anything is written;
-the exit code is 2.
+Without --config, a model_dir that has been trained in supplies its
+config.json (so eval, decode and export need only --model_dir); a --config
+whose model differs from it is refused, naming the fields.
+
+Bad input (flags, config, mesh shape, layout, device count, data and prompt
+files, model_dir, checkpoints) is reported as one line on stderr before
+anything is written, with exit code 2; a diverged training run stops with
+one line and exit code 1 (meshtf/train/errors.py). TensorFlow's C++
+start-up lines are not shown (meshtf/train/startup.py; --verbosity=0 shows
+them).
 
 Example:
   >>> from meshtf.train import main
-  >>> result = main.run(config, "train", "/tmp/m")   # in-process
+  >>> result = main.run(config, "train", "/tmp/m")        # in-process
   >>> result["eval"]["accuracy"] > 0.9
   True
+  >>> main.run_command(["meshtf.train", "--mode=eval", "--model_dir=/tmp/m"])
+  0
 """
-import json
+import ast
+import errno
 import os
 import sys
 import tempfile
-import time
 
 from absl import app
 from absl import flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
-import numpy as np
 
 from meshtf.train import config as config_lib
+from meshtf.train import errors
+from meshtf.train import model_dir as model_dir_lib
+from meshtf.train import session as session_lib
+from meshtf.train import training_loop
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                "config.py")
-METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.json"
+METRICS_FILE = training_loop.METRICS_FILE
+CONFIG_FILE = model_dir_lib.CONFIG_FILE
 EXPORT_DIR = "export"
+# Beyond this many virtual CPUs in one process a step takes minutes on a
+# CPU host: a larger mesh is refused unless --num_virtual_cpus asks for it.
+MAX_VIRTUAL_CPUS = 64
 
 FLAGS = flags.FLAGS
+UsageError = errors.UsageError
+Session = session_lib.Session
+train = training_loop.train
+
+# Flags that override the config key of the same name.
+_OVERRIDES = ("mesh_shape", "layout", "backend", "num_virtual_cpus",
+              "train_steps", "batch_size", "seed")
 
 
-def define_flags():
-  """Defines the binary's flags (on first call; importing this module
-  defines none, so it can be used as a library). ml_collections reads the
-  --config.<key> overrides here: an unknown key is reported in one line."""
-  if "config" in FLAGS:
+# --- flags --------------------------------------------------------------------
+def define_flags(flag_values=FLAGS, argv=None):
+  """Defines the binary's flags in flag_values (on first call; importing
+  this module defines none, so it can be used as a library). argv (default
+  sys.argv) is where ml_collections finds the --config.<key> overrides.
+  Raises UsageError (one line) for a config file without get_config() or an
+  unknown --config.<key>."""
+  if "config" in flag_values:
     return
+  argv = sys.argv if argv is None else argv
+  _check_config_file(argv)
   try:
     config_flags.DEFINE_config_file(
         "config", _DEFAULT_CONFIG,
         "Config file (a Python file with get_config(); 'file.py:arg' passes "
         "arg to it); override keys with --config.<key>=value. Default: the "
-        "embedded tiny MoE experiment.", lock_config=True)
+        "model_dir's config.json, else the embedded tiny MoE experiment.",
+        flag_values=flag_values, lock_config=True, sys_argv=argv)
   except (AttributeError, KeyError) as e:
-    _fail_unknown_override(e)
+    raise _unknown_override(e, argv) from None
+  define = dict(flag_values=flag_values)
   flags.DEFINE_string("model_dir", None, "Checkpoints, summaries, metrics "
                       "and exports (default: a directory under the temp dir "
-                      "named after the config file).")
-  flags.DEFINE_enum("mode", "train", list(config_lib.MODES), "What to do.")
+                      "named after the config file).", **define)
+  flags.DEFINE_enum("mode", "train", list(config_lib.MODES), "What to do.",
+                    **define)
   flags.DEFINE_string("mesh_shape", None, "Overrides config.mesh_shape, "
-                      "e.g. 'data:4;model:2'.")
+                      "e.g. 'data:4;model:2'.", **define)
   flags.DEFINE_string("layout", None, "Overrides config.layout, e.g. "
-                      "'batch:data;heads:model'.")
+                      "'batch:data;heads:model'.", **define)
   flags.DEFINE_enum("backend", None, list(config_lib.BACKENDS),
-                    "Overrides config.backend.")
+                    "Overrides config.backend.", **define)
   flags.DEFINE_integer("num_virtual_cpus", None,
-                       "Overrides config.num_virtual_cpus.")
-  flags.DEFINE_integer("train_steps", None, "Overrides config.train_steps.")
-  flags.DEFINE_integer("batch_size", None, "Overrides config.batch_size.")
-  flags.DEFINE_integer("seed", None, "Overrides config.seed.")
+                       "Overrides config.num_virtual_cpus.", **define)
+  flags.DEFINE_integer("train_steps", None, "Overrides config.train_steps.",
+                       **define)
+  flags.DEFINE_integer("batch_size", None, "Overrides config.batch_size.",
+                       **define)
+  flags.DEFINE_integer("seed", None, "Overrides config.seed.", **define)
   flags.DEFINE_string("worker_hosts", None, "Multi-worker: every worker's "
                       "host:port, comma-separated (the same on each worker);"
                       " default TF_CONFIG if set. See meshtf/train/"
-                      "workers.py.")
+                      "workers.py.", **define)
   flags.DEFINE_integer("task_index", None, "Multi-worker: this worker's "
-                       "index in --worker_hosts (0 is the chief).")
+                       "index in --worker_hosts (0 is the chief).", **define)
 
 
-def _fail_unknown_override(error):
-  """ml_collections rejects --config.<unknown key> while defining the flag;
-  name the key (from the command line) and the nearest known ones."""
+def _config_arg(argv):
+  """The value of --config=... (or --config ...) in argv, or None."""
+  for i, arg in enumerate(argv):
+    if arg.startswith(("--config=", "-config=")):
+      return arg.split("=", 1)[1]
+    if arg in ("--config", "-config") and i + 1 < len(argv):
+      return argv[i + 1]
+  return None
+
+
+def _check_config_file(argv):
+  """A --config file that does not exist, is not Python or defines no
+  get_config() is one line (ml_collections would say it another way)."""
+  value = _config_arg(argv)
+  if value is None:
+    return
+  path = value.split(":", 1)[0]
+  if not os.path.isfile(path):
+    raise UsageError("--config=%s: %s %s: pass a config file such as "
+                     "--config=t2t_configs/lm_tiny.py" % (
+                         value, path, "is a directory" if os.path.isdir(path)
+                         else "does not exist"))
+  try:
+    with open(path, "rb") as f:
+      tree = ast.parse(f.read(), filename=path)
+  except (SyntaxError, ValueError) as e:
+    raise UsageError("--config=%s is not a Python file (%s%s): a config "
+                     "file defines get_config(), e.g. t2t_configs/lm_tiny.py"
+                     % (value, getattr(e, "msg", None) or e, " at line %d" %
+                        e.lineno if getattr(e, "lineno", None) else ""))
+  if not any(isinstance(node, ast.FunctionDef) and node.name == "get_config"
+             for node in tree.body):
+    raise UsageError("--config=%s defines no get_config(): a config file is "
+                     "a Python file whose get_config() returns the config, "
+                     "e.g. t2t_configs/lm_tiny.py" % value)
+
+
+def _unknown_override(error, argv):
+  """ml_collections rejects --config.<unknown key> while parsing the config
+  flag: name the key (from the command line) and the nearest known ones."""
   known = config_lib._flat_keys(config_lib.default_config())
-  for arg in sys.argv[1:]:
+  for arg in argv[1:]:
     if arg.startswith("--config."):
       key = arg[len("--config."):].split("=", 1)[0]
       if key not in known:
-        _fail_unknown_key(key)
-  _fail("bad --config override: %s" % _one_line(error))
+        return _unknown_key(key)
+  return UsageError("bad --config override: %s" % _one_line(error))
 
 
-def _fail_unknown_key(key):
+def _unknown_key(key):
   near = config_lib._near(key, config_lib._flat_keys(
       config_lib.default_config()))
-  _fail("unknown config key %r (--config.%s): %s" % (key, key, (
+  return UsageError("unknown config key %r (--config.%s): %s" % (key, key, (
       "did you mean %s?" % " or ".join(repr(n) for n in near)) if near
       else "see meshtf/train/config.py for the keys"))
 
 
-_OVERRIDES = ("mesh_shape", "layout", "backend", "num_virtual_cpus",
-              "train_steps", "batch_size", "seed")
-
-
-class UsageError(Exception):
-  """Bad input found at run time (data, checkpoint): printed as one line."""
-
-
-# --- flags --------------------------------------------------------------------
-def parse_flags(argv):
-  """absl flags parser that reports a bad flag or config file in one line
-  (absl's own parser prints two and a usage hint)."""
+def parse_flags(argv, flag_values=FLAGS):
+  """Parses argv into flag_values; returns the arguments left. A bad flag
+  or config file raises UsageError with one line (absl's own parser prints
+  two and a usage hint)."""
   try:
-    return FLAGS(argv)
+    return flag_values(argv)
   except flags.UnrecognizedFlagError as e:
     name = getattr(e, "flagname", "") or ""
     if name.startswith("config."):
-      _fail_unknown_key(name[len("config."):])
-    _fail("unknown flag --%s: see python -m meshtf.train --helpshort" % name)
+      raise _unknown_key(name[len("config."):]) from None
+    raise UsageError("unknown flag --%s: see python -m meshtf.train "
+                     "--helpshort" % name) from None
   except flags.Error as e:
-    _fail("%s: see python -m meshtf.train --helpshort" % _one_line(e))
+    raise UsageError("%s: see python -m meshtf.train --helpshort"
+                     % _one_line(e)) from None
   except (AttributeError, KeyError) as e:  # --config.<unknown key>
-    _fail_unknown_override(e)
+    raise _unknown_override(e, argv) from None
   except Exception as e:  # a config file that does not load
-    _fail("cannot load the config: %s: %s" % (type(e).__name__,
-                                               _one_line(e)))
+    raise UsageError("cannot load the config: %s: %s" % (
+        type(e).__name__, _one_line(e))) from None
 
 
 def _one_line(e):
@@ -154,28 +214,43 @@ def _one_line(e):
   return lines[0]
 
 
-def _fail(message, code=2):
-  sys.stderr.write("meshtf.train: error: %s\n" % message)
-  sys.stderr.flush()
-  sys.exit(code)
-
-
-def config_from_flags():
-  """FLAGS.config (a copy) with the command-line overrides applied."""
-  try:
-    config = FLAGS.config.copy_and_resolve_references()
-  except (IOError, OSError) as e:  # the file failed to load
-    lines = [l.strip() for l in str(e).splitlines() if l.strip()]
-    _fail("cannot load --config=%s: %s" % (
-        config_flags.get_config_filename(FLAGS["config"]),
-        lines[-1] if lines else type(e).__name__))
+# --- the config: a file, the model_dir's config.json, or the default --------
+def resolve_config(flag_values=FLAGS):
+  """(config, model_dir, source, flag_names) from parsed flags: --config
+  with its overrides; else model_dir's config.json with the overrides on
+  top; else the default experiment. `source` says which (for messages);
+  `flag_names` maps the config keys set on the command line to the flag
+  that set them."""
+  config_flag = flag_values["config"]
+  given = config_flag.present
+  path = config_flags.get_config_filename(config_flag)
+  model_dir = flag_values.model_dir or default_model_dir(path if given
+                                                          else None)
+  overrides = dict(config_flags.get_override_values(config_flag))
+  flag_names = {key: "--config." + key for key in overrides}
+  saved = None
+  if not given:
+    model_dir_lib.check_not_a_file(model_dir)
+    saved = model_dir_lib.read_config(model_dir)
+  if saved is not None:
+    config, source = saved, "the config of %s (%s)" % (model_dir,
+                                                        CONFIG_FILE)
+    config.update_from_flattened_dict(overrides)
+  else:
+    try:
+      config = flag_values.config.copy_and_resolve_references()
+    except (IOError, OSError) as e:  # the file failed to load
+      raise UsageError("cannot load --config=%s: %s" % (path, _one_line(
+          str(e).splitlines()[-1] if str(e) else e))) from None
+    source = "--config=%s" % path if given else "the default config"
   config.unlock()
   for name in _OVERRIDES:
-    value = getattr(FLAGS, name)
+    value = getattr(flag_values, name)
     if value is not None and name in config:
       config[name] = value
+      flag_names[name] = "--" + name
   config.lock()
-  return config
+  return config, model_dir, source, flag_names
 
 
 def default_model_dir(config_path):
@@ -184,114 +259,27 @@ def default_model_dir(config_path):
                       "default" if stem == "config" else stem)
 
 
-# --- shared setup -------------------------------------------------------------
-class Session(object):
-  """The mesh, model, data and variables of one run of the binary."""
-
-  def __init__(self, config, model_dir, mode, devices=None, log=print,
-               workers=None, mesh_layout=None):
-    import meshtf as mtf
-    from meshtf.lowering import variables as variables_lib
-    from meshtf.train import checkpoint
-    from meshtf.train import experiment
-    self.config = config
-    self.model_dir = model_dir
-    self.mode = mode
-    self.log = log
-    self.mtf = mtf
-    self.experiment = experiment
-    self.mesh_layout = mesh_layout or config_lib.mesh_layout(config)
-    mesh_size = self.mesh_layout.size
-    if devices is None:
-      devices = mtf.virtual_cpu_devices(config.num_virtual_cpus or mesh_size)
-    self.devices = list(devices)[:mesh_size]
-    self.impl = experiment.make_mesh_impl(config, self.mesh_layout,
-                                          self.devices)
-    self.workers = workers
-    # The chief writes; in a multi-worker run every worker reads only the
-    # batch rows its processors hold.
-    self.is_chief = workers is None or workers.is_chief
-    self.rows = None
-    if workers is not None and workers.num_workers > 1:
-      self.rows = mtf.host_rows(self.impl, mtf.Shape([
-          mtf.Dimension("batch", config.batch_size),
-          mtf.Dimension("length", config.length)]))
-    self.store = variables_lib.VariableStore()
-    self.manager = checkpoint.CheckpointManager(
-        model_dir, max_to_keep=config.keep_checkpoints)
-    self.sink = experiment.MoeMetrics()
-    self.model = experiment.build_model(config, self.sink, self.mesh_layout)
-    self._eval_fn = None
-    self._decoder = None
-
-  # -- evaluation ----------------------------------------------------------
-  def eval_fn(self):
-    if self._eval_fn is None:
-      loss_fn = self.experiment.loss_fn(self.model, self.sink, mode="eval",
-                                        **self.row_args())
-
-      def build(mesh, features):
-        _, metrics = loss_fn(mesh, features)
-        return {k: v for k, v in metrics.items()
-                if k in ("token_loss", "accuracy", "num_tokens")}
-      self._eval_fn = self.mtf.MeshFunction(build, self.impl,
-                                            variable_store=self.store,
-                                            seed=self.config.seed)
-    return self._eval_fn
-
-  def evaluate(self, data):
-    """{"loss", "accuracy", "perplexity", "tokens"} over eval_steps held-out
-    batches (token-weighted means)."""
-    fn = self.eval_fn()
-    total_loss = total_acc = total_n = 0.0
-    for i in range(self.config.eval_steps):
-      out = fn(data.eval_batch(i, rows=self.rows))
-      n = float(out["num_tokens"])
-      total_loss += float(out["token_loss"]) * n
-      total_acc += float(out["accuracy"]) * n
-      total_n += n
-    loss = total_loss / max(total_n, 1.0)
-    return {"loss": loss, "accuracy": total_acc / max(total_n, 1.0),
-            "perplexity": self.experiment.perplexity(loss),
-            "tokens": int(total_n)}
-
-  def row_args(self):
-    """loss_fn / import_features arguments for this worker's rows."""
-    if self.rows is None:
-      return {}
-    return {"rows": self.rows, "batch_size": self.config.batch_size}
-
-  # -- decoding --------------------------------------------------------------
-  def decoder(self):
-    """The session's decode.Decoder (its MeshFunctions built once)."""
-    if self._decoder is None:
-      from meshtf.train import decode as decode_lib
-      self._decoder = decode_lib.Decoder(self)
-    return self._decoder
-
-  # -- checkpoints -------------------------------------------------------------
-  def restore(self):
-    """Restores the latest checkpoint into the store (values are taken when
-    the variables are created); returns its step or None."""
-    return self.manager.restore(self.store)
-
-
 # --- checks before writing anything -------------------------------------------
-def check_checkpoint(config, model_dir, mode):
-  """Raises UsageError if model_dir's latest checkpoint does not fit the
-  config's model (or, outside train, if there is none). Reads only."""
+def check_checkpoint(config, model_dir, mode, found=None):
+  """Raises UsageError if model_dir's newest intact checkpoint (`found`,
+  a checkpoint.IntactCheckpoint; read here if None) does not fit the
+  config's model, or, outside train, if there is none. Reads only;
+  returns the IntactCheckpoint (None: train from scratch)."""
   from meshtf.train import checkpoint
   from meshtf.train import experiment
-  manager = checkpoint.CheckpointManager(model_dir)
-  latest = manager.latest()
-  if latest is None:
+  if found is None:
+    try:
+      found = checkpoint.CheckpointManager(model_dir).read_newest_intact()
+    except checkpoint.DamagedCheckpointError as e:
+      raise UsageError("%s: move them out of the way (or delete them) to "
+                       "start again, or use another --model_dir" % e) \
+          from None
+  if found is None:
     if mode != "train":
       raise UsageError("no checkpoint in %s to %s: run --mode=train with "
                        "this --model_dir first" % (model_dir, mode))
     return None
-  with open(os.path.join(latest, "meta.json")) as f:
-    meta = json.load(f)
-  saved = meta["variables"]
+  latest, saved = found.path, found.meta["variables"]
   graph = experiment.build_training_graph(config)[0]
   needed = graph.all_variables if mode == "train" else \
       graph.trainable_variables
@@ -313,51 +301,166 @@ def check_checkpoint(config, model_dir, mode):
       raise UsageError("checkpoint %s has variables this config's model "
                        "lacks (%s...): it was trained with another config; "
                        "use a new --model_dir" % (latest, extra[0]))
-  return meta["step"]
+  return found
 
 
-def prepare(config, model_dir, mode):
+def _check_config_matches(config, model_dir, source):
+  """A config whose model differs from the one model_dir's checkpoints
+  were trained with is refused, naming the fields."""
+  from meshtf.train import checkpoint
+  if not checkpoint.CheckpointManager(model_dir).checkpoints():
+    return
+  try:
+    saved = model_dir_lib.read_config(model_dir)
+  except UsageError:
+    return   # broken: the checkpoint's variables are checked instead
+  conflicts = [] if saved is None else model_dir_lib.config_conflicts(
+      saved, config)
+  if conflicts:
+    raise UsageError(
+        "%s does not match the model %s was trained with: %s: leave out "
+        "--config to use the saved one, or use a new --model_dir" % (
+            source, model_dir, "; ".join(conflicts)))
+
+
+def _check_lock_free(model_dir):
+  """Fails early (before reading checkpoints) when a live run trains in
+  model_dir; the lock itself is taken after every check."""
+  lock = model_dir_lib.ModelDirLock(model_dir)
+  text, owner = model_dir_lib._read_lock(lock.path)
+  if text is not None and owner is not None and \
+      model_dir_lib._owner_alive(owner):
+    raise UsageError(model_dir_lib._in_use_message(model_dir, lock.path,
+                                                   owner))
+
+
+def _check_device_count(config, mesh_layout, workers):
+  """A mesh the binary would run as more than MAX_VIRTUAL_CPUS virtual CPUs
+  per process (a paper config on this machine) is refused."""
+  per_process = mesh_layout.size // (workers.num_workers if workers else 1)
+  if config.num_virtual_cpus or per_process <= MAX_VIRTUAL_CPUS:
+    return
+  raise config_lib.ConfigError([
+      "mesh_shape %r needs %d devices, which this run would make as %d "
+      "virtual CPUs on %d CPU cores (minutes per step; more than %d are "
+      "not made unasked): run it where %d devices are (--worker_hosts), "
+      "shrink it (--mesh_shape), or pass --num_virtual_cpus=%d to try; the "
+      "config and its layout are valid (checked without devices)" % (
+          str(config.mesh_shape), mesh_layout.size, per_process,
+          os.cpu_count() or 1, MAX_VIRTUAL_CPUS, mesh_layout.size,
+          mesh_layout.size)])
+
+
+def prepare(config, model_dir, mode, workers=None, devices=None,
+            flag_names=None, source="the config"):
   """Everything that must pass before a directory is created or a device
-  configured: the config (layout included) and the checkpoint. Returns the
-  config's MeshLayout (parsed here, once)."""
-  mesh_layout = config_lib.validate(config)
-  check_checkpoint(config, model_dir, mode)
-  return mesh_layout
+  configured: the config (layout and data files included), model_dir,
+  the prompt file, a run already training there, the config model_dir
+  was trained with, the newest intact checkpoint, the workers and the
+  device count. Returns (mesh_layout, IntactCheckpoint or None, prompts)."""
+  from meshtf.train import decode as decode_lib
+  from meshtf.train import workers as workers_lib
+  mesh_layout = config_lib.validate(config, flag_names=flag_names)
+  writes = mode in ("train", "export") or (
+      mode == "decode" and config.decode_prompts_file and
+      not config.decode_output_file)
+  if writes:
+    model_dir_lib.check_writable(model_dir)
+  else:
+    model_dir_lib.check_not_a_file(model_dir)
+  prompt_set = (decode_lib.read_prompts(config, model_dir)
+                if mode == "decode" else None)
+  if mode == "train" and (workers is None or workers.is_chief):
+    _check_lock_free(model_dir)   # the chief locks; other workers write not
+  _check_config_matches(config, model_dir, source)
+  found = check_checkpoint(config, model_dir, mode)
+  problems = workers_lib.problems(config, mesh_layout, workers, mode)
+  if problems:
+    raise config_lib.ConfigError(problems)
+  if devices is None:
+    _check_device_count(config, mesh_layout, workers)
+  return mesh_layout, found, prompt_set
 
 
 # --- modes --------------------------------------------------------------------
 def run(config, mode, model_dir, devices=None, out=None, progress=None,
-        workers=None):
+        workers=None, err=None, flag_names=None, source="the config"):
   """Runs one mode in-process; returns its results as a dict. Raises
-  ConfigError / UsageError / DataError on bad input (before writing).
+  ConfigError / UsageError / DataError / PromptError / LayoutError on bad
+  input (before writing) and DivergedError when training diverges.
   workers (meshtf.train.workers.Workers): this process is one worker of a
-  multi-worker mesh; the cluster is joined here, before any TF work."""
+  multi-worker mesh; the cluster is joined here, before any TF work.
+  Warnings (a damaged checkpoint skipped, a stale lock taken over) go to
+  err (default sys.stderr) as one line each."""
   out = out or sys.stdout
   prefix = "" if workers is None or workers.is_chief else \
       "[worker %d] " % workers.index
   log = lambda *a: print(prefix + " ".join(  # noqa: E731
       str(x) for x in a), file=out, flush=True)
+
+  def warn(message):
+    stream = err or sys.stderr
+    stream.write("meshtf.train: warning: %s%s\n" % (prefix, message))
+    stream.flush()
   if mode not in config_lib.MODES:
     raise config_lib.ConfigError(["mode %r is unknown: use --mode=%s" % (
         mode, " | ".join(config_lib.MODES))])
-  mesh_layout = prepare(config, model_dir, mode)
-  from meshtf.train import workers as workers_lib
-  problems = workers_lib.problems(config, mesh_layout, workers, mode)
-  if problems:
-    raise config_lib.ConfigError(problems)
+  mesh_layout, found, prompt_set = prepare(config, model_dir, mode, workers,
+                                           devices, flag_names, source)
+  chief = workers is None or workers.is_chief
+  lock = model_dir_lib.ModelDirLock(model_dir) \
+      if mode == "train" and chief else None
+  try:
+    if lock is not None:
+      took_over = lock.acquire()
+      if took_over:
+        warn(took_over)
+    _report_damaged(found, lock is not None, warn)
+    if lock is not None:
+      from meshtf.train import checkpoint
+      removed = model_dir_lib.clean_leftovers(
+          model_dir, checkpoint.CheckpointManager(model_dir))
+      if removed:
+        log("model_dir: removed what an interrupted run left: %s" %
+            ", ".join(removed))
+    return _run_mode(config, mode, model_dir, devices, log, progress,
+                     workers, mesh_layout, found, prompt_set)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _report_damaged(found, may_move, warn):
+  """One warning line per damaged checkpoint skipped; the lock holder
+  moves each out of the way (kept as damaged-ckpt-<step>)."""
+  from meshtf.train import checkpoint
+  if found is None:
+    return
+  for path, why in found.damaged:
+    moved = ""
+    if may_move:
+      manager = checkpoint.CheckpointManager(os.path.dirname(path))
+      moved = "; moved to %s" % os.path.basename(manager.quarantine(path))
+    warn("checkpoint %s is damaged (%s): using %s (step %d) instead%s" % (
+        path, why, os.path.basename(found.path), found.step, moved))
+
+
+def _run_mode(config, mode, model_dir, devices, log, progress, workers,
+              mesh_layout, found, prompt_set):
+  from meshtf.train import startup
   if mode == "export":
-    return export(config, model_dir, log)
+    return export(config, model_dir, log, found)
   from meshtf.train import decode as decode_lib
-  prompt_set = (decode_lib.read_prompts(config, model_dir)
-                if mode == "decode" else None)
+  from meshtf.train import experiment
+  from meshtf.train import workers as workers_lib
   if workers is not None and devices is None:
     devices = workers_lib.start(mesh_layout, workers)
+    startup.devices_ready()
   session = Session(config, model_dir, mode, devices, log, workers,
-                    mesh_layout)
+                    mesh_layout, checkpoint=found)
   if mode == "train":
     return train(session, progress)
   step = session.restore()
-  from meshtf.train import experiment
   data = experiment.make_data(config, model_dir)
   if mode == "eval":
     result = session.evaluate(data)
@@ -369,311 +472,132 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
   return decode_lib.decode(session, data, step, log, prompt_set)
 
 
-def train(session, progress=None):
-  """The training loop (see the module docstring)."""
-  import tensorflow as tf
-  from meshtf.models import training
-  from meshtf.train import experiment
-  config, log = session.config, session.log
-  model_dir = session.model_dir
-  data = experiment.make_data(config, model_dir)
-  chief = session.is_chief
-  if chief:  # other workers of a multi-worker run write nothing
-    os.makedirs(model_dir, exist_ok=True)
-    with open(os.path.join(model_dir, CONFIG_FILE), "w") as f:
-      f.write(config.to_json(indent=1, sort_keys=True))
-  start_step = session.restore() or 0
-  if chief:
-    _truncate_metrics(model_dir, start_step)
-  step_fn = training.TrainStep(
-      experiment.loss_fn(session.model, session.sink, **session.row_args()),
-      session.impl, experiment.make_optimizer(config),
-      variable_store=session.store, seed=config.seed,
-      clip_gradient_norm=config.clip_gradient_norm or None)
-  lr_fn = experiment.learning_rate_schedule(config)
-  if chief:
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
-    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir,
-                                                             "eval"))
-  else:
-    writer = eval_writer = tf.summary.create_noop_writer()
-  tokens_per_step = config.batch_size * config.length * (
-      2 if config.model_type == "bitransformer" else 1)
-  metrics_path = os.path.join(model_dir, METRICS_FILE)
-  history = []
-  evals = []
-  step = start_step
-  end = config.train_steps
-  if start_step >= config.train_steps:
-    log("model_dir %s is already trained to step %d (train_steps %d)" % (
-        model_dir, start_step, config.train_steps))
-  elif start_step and config.stop_at_target and config.eval_every:
-    # A run that stopped at the target would otherwise train on to the
-    # next eval: check first.
-    result = session.evaluate(data)
-    if result["accuracy"] >= config.target_accuracy:
-      log("model_dir %s already reached the target at step %d (eval "
-          "accuracy %.4f >= %.4f); nothing to train" % (
-              model_dir, start_step, result["accuracy"],
-              config.target_accuracy))
-      evals.append(dict(result, step=start_step))
-      end = start_step
-  bar = None
-  t_start = time.time()
-  t_window, window_steps = time.time(), 0
-  with (open(metrics_path, "a") if chief else open(os.devnull, "w")
-        ) as metrics_file:
-    while step < end:
-      t0 = time.time()
-      outputs = step_fn(data.train_batch(step, rows=session.rows))
-      record = {k: float(np.asarray(v)) for k, v in outputs.items()}
-      if int(record["step"]) != step:
-        raise RuntimeError("global step %d != loop step %d" % (
-            record["step"], step))
-      dt = time.time() - t0
-      if step == start_step:
-        _print_summary(session, step_fn, start_step, dt)
-        bar = _progress_bar(config, start_step, progress)
-        t_window, window_steps = time.time(), 0
-      else:
-        window_steps += 1
-      step += 1
-      record["step"] = step - 1
-      record["learning_rate"] = float(lr_fn(float(step - 1)))
-      elapsed = time.time() - t_window
-      record["tokens_per_sec"] = (tokens_per_step * window_steps / elapsed
-                                  if window_steps and elapsed > 0 else 0.0)
-      metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
-      metrics_file.flush()
-      history.append(record)
-      if bar is not None:
-        bar.update(1)
-        bar.set_postfix_str(_postfix(record), refresh=False)
-      if step % config.log_every == 0 or step == end:
-        _write_scalars(writer, record, step)
-        if bar is None:
-          log("step %d  %s" % (step, _postfix(record)))
-      if step % config.checkpoint_every == 0 and step < end:
-        session.manager.save(session.store, step)
-      if config.eval_every and step % config.eval_every == 0 and step < end:
-        result = session.evaluate(data)
-        evals.append(dict(result, step=step))
-        _write_eval(eval_writer, result, step)
-        if bar is not None:
-          bar.write("eval at step %d: accuracy %.4f loss %.4f" % (
-              step, result["accuracy"], result["loss"]))
-        else:
-          log("eval at step %d: accuracy %.4f  loss %.4f" % (
-              step, result["accuracy"], result["loss"]))
-        if config.stop_at_target and result["accuracy"] >= \
-            config.target_accuracy:
-          break
-  if bar is not None:
-    bar.close()
-  wall = time.time() - t_start
-  if step > start_step:
-    session.manager.save(session.store, step)
-  if not (evals and evals[-1]["step"] == step):
-    result = session.evaluate(data)
-    evals.append(dict(result, step=step))
-    _write_eval(eval_writer, result, step)
-  final = evals[-1]
-  reached = final["accuracy"] >= config.target_accuracy
-  steps_run = step - start_step
-  tok_s = [r["tokens_per_sec"] for r in history if r["tokens_per_sec"]]
-  log("done: step %d, %d steps in %.1f s (%.0f tokens/s)" % (
-      step, steps_run, wall, tok_s[-1] if tok_s else 0.0))
-  log("final eval accuracy %.4f (loss %.4f, perplexity %.3f): target %.4f "
-      "%s" % (final["accuracy"], final["loss"], final["perplexity"],
-              config.target_accuracy,
-              "REACHED" if reached else "NOT reached"))
-  writer.flush()
-  eval_writer.flush()
-  return {"history": history, "eval": final, "evals": evals,
-          "reached": reached, "start_step": start_step, "step": step,
-          "wall_s": wall, "collective_stats":
-          step_fn.mesh_function.collective_stats() if history else None}
-
-
-def _write_eval(writer, result, step):
-  _write_scalars(writer, {k: result[k] for k in ("loss", "accuracy",
-                                                "perplexity")}, step)
-
-
-def _write_scalars(writer, values, step):
-  """TensorBoard scalars via tf.summary.write with the scalars plugin's
-  metadata: tf.summary.scalar would need the tensorboard package."""
-  import tensorflow as tf
-  from tensorflow.core.framework import summary_pb2
-  metadata = summary_pb2.SummaryMetadata(
-      plugin_data=summary_pb2.SummaryMetadata.PluginData(
-          plugin_name="scalars"),
-      data_class=summary_pb2.DATA_CLASS_SCALAR)
-  with writer.as_default(step=step):
-    for k, v in sorted(values.items()):
-      if k != "step":
-        tf.summary.write(k, tf.constant(float(v), tf.float32),
-                         metadata=metadata)
-
-
-def _postfix(record):
-  parts = ["loss %.4f" % record["loss"], "acc %.3f" % record["accuracy"],
-           "%.0f tok/s" % record["tokens_per_sec"],
-           "lr %.2g" % record["learning_rate"]]
-  if "moe_load_max" in record:
-    parts.append("moe max/mean load %.2f dropped %.3f" % (
-        record["moe_load_max"], record["moe_dropped"]))
-  return "  ".join(parts)
-
-
-def _progress_bar(config, start_step, progress):
-  """A tqdm bar on an interactive stderr (progress=None), forced on or off
-  with progress=True/False; None when off (log lines instead)."""
-  if progress is None:
-    progress = sys.stderr.isatty()
-  if not progress:
-    return None
-  import shutil
-  from tqdm import tqdm
-  # Some pseudo-terminals report 0 columns, which makes tqdm print nothing.
-  columns = shutil.get_terminal_size((120, 24)).columns or 120
-  return tqdm(total=config.train_steps, initial=start_step, unit="step",
-              ncols=max(columns, 60), mininterval=0.5)
-
-
-def _truncate_metrics(model_dir, start_step):
-  """Drops metrics of steps >= start_step (a killed run may have logged
-  steps after its last checkpoint; they are run again) and a torn line."""
-  path = os.path.join(model_dir, METRICS_FILE)
-  if not os.path.exists(path):
-    return
-  kept = []
-  with open(path) as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except ValueError:
-        continue
-      if record.get("step", 0) < start_step:
-        kept.append(line if line.endswith("\n") else line + "\n")
-  tmp = path + ".tmp"
-  with open(tmp, "w") as f:
-    f.writelines(kept)
-  os.replace(tmp, path)
-
-
-def _ranges(rows):
-  """[0, 1, 2, 5, 6] -> '0..2, 5..6'."""
-  out, start = [], None
-  for i, r in enumerate(rows):
-    if start is None:
-      start = r
-    if i + 1 == len(rows) or rows[i + 1] != r + 1:
-      out.append("%d..%d" % (start, r) if r != start else str(r))
-      start = None
-  return ", ".join(out)
-
-
-def _print_summary(session, step_fn, start_step, first_step_s):
-  from meshtf.train import experiment
-  config, log = session.config, session.log
-  graph = step_fn.graph
-  counts = experiment.parameter_counts(graph, session.mesh_layout)
-  moe = ""
-  if config.moe.num_experts:
-    moe = ", MoE %d experts (%s) on feed-forward layers %s" % (
-        config.moe.num_experts, config.moe.gating,
-        config_lib.moe_layer_indices(config, config.num_layers))
-  task = config.task.data_files or config.task.tfds_name or \
-      "synthetic %s" % config.task.problem
-  lowering = step_fn.mesh_function.lowering
-  lines = [
-      "=" * 72,
-      "meshtf.train: %s, %d layers, d_model %d, %d heads, d_ff %d%s" % (
-          config.model_type, config.num_layers, config.d_model,
-          config.num_heads, config.d_ff, moe),
-      "task: %s; batch %d x length %d; %d steps; optimizer %s lr %g (%s)" % (
-          task, config.batch_size, config.length, config.train_steps,
-          config.optimizer, config.learning_rate, config.schedule),
-      "mesh: %s = %d processors, %s backend on %s" % (
-          config.mesh_shape, session.impl.size, config.backend,
-          session.devices[0].split("/")[-1] + (
-              ".." + session.devices[-1].split(":")[-1]
-              if len(session.devices) > 1 else "")),
-      "layout: %s%s%s" % (
-          config.layout,
-          "; activations: %s" % config.activation_layout
-          if config.activation_layout else "",
-          "; variables: %s" % config.variable_layout
-          if config.variable_layout else ""),
-      "parameters: %s total, %s per device (+ %s optimizer state per "
-      "device)" % (format(counts["total"], ","),
-                   format(counts["per_device"], ","),
-                   format(counts["optimizer_per_device"], ",")),
-      "collectives per step:",
-  ]
-  lines += ["  " + l for l in lowering.collective_summary().splitlines()]
-  if session.rows is not None:
-    w = session.workers
-    lines.append("workers: %d (this is task %d%s); it reads batch rows %s of "
-                 "%d" % (w.num_workers, w.index,
-                         ", the chief" if w.is_chief else "",
-                         _ranges(session.rows), config.batch_size))
-  lines += [
-      "model_dir: %s (%s)" % (session.model_dir, "resumed from step %d" %
-                              start_step if start_step else "new"),
-      "first step (trace + lowering + run): %.1f s" % first_step_s,
-      "=" * 72,
-  ]
-  for l in lines:
-    log(l)
-
-
-def export(config, model_dir, log):
+def export(config, model_dir, log, found=None):
   """See meshtf/train/export.py."""
   from meshtf.train import export as export_lib
   path = export_lib.export(config, model_dir, os.path.join(model_dir,
-                                                           EXPORT_DIR))
-  log("exported SavedModel to %s (signatures: score, decode)" % path)
+                                                           EXPORT_DIR),
+                           checkpoint=found)
+  log("exported SavedModel to %s (signatures: score, decode; see "
+      "meshtf/train/export.py for how to call them)" % path)
   return {"path": path}
 
 
-# --- entry point --------------------------------------------------------------
-def main(argv):
-  if len(argv) > 1:
-    _fail("unexpected arguments %s: flags only (--config, --mode, ...)"
-          % " ".join(argv[1:]))
-  import logging
-  import tensorflow as tf
+# --- entry points -------------------------------------------------------------
+# What the binary reports in one line, and its exit code.
+def _expected_errors():
   from meshtf.layouts import LayoutError
+  from meshtf.train import checkpoint
   from meshtf.train import decode as decode_lib
   from meshtf.train import text_data
-  from meshtf.train import workers as workers_lib
+  return ((errors.DivergedError, errors.EXIT_DIVERGED),
+          ((config_lib.ConfigError, UsageError, text_data.DataError,
+            decode_lib.PromptError, LayoutError,
+            checkpoint.DamagedCheckpointError), errors.EXIT_USAGE))
+
+# OS errors that mean "this path cannot be used", not a bug.
+_PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
+                errno.EDQUOT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
+                errno.ENAMETOOLONG)
+
+
+def run_with_flags(flag_values=FLAGS, argv=(), out=None, err=None,
+                   progress=None):
+  """Runs the parsed command line; returns the exit code (0, 1 diverged,
+  2 bad input), every expected error printed as one line to err."""
+  err = err or sys.stderr
+  try:
+    if len(argv) > 1:
+      raise UsageError("unexpected arguments %s: flags only (--config, "
+                       "--mode, ...)" % " ".join(argv[1:]))
+    from meshtf.train import workers as workers_lib
+    config, model_dir, source, flag_names = resolve_config(flag_values)
+    workers = workers_lib.from_flags(flag_values.worker_hosts,
+                                     flag_values.task_index)
+    run(config, flag_values.mode, model_dir, workers=workers, out=out,
+        err=err, progress=progress, flag_names=flag_names, source=source)
+    return 0
+  except Exception as e:  # pylint: disable=broad-except
+    code = _exit_code(e)
+    if code is None:
+      raise
+    for line in str(e).splitlines() or [type(e).__name__]:
+      err.write("meshtf.train: error: %s\n" % line)
+    err.flush()
+    return code
+
+
+def _exit_code(error):
+  for kinds, code in _expected_errors():
+    if isinstance(error, kinds):
+      return code
+  if isinstance(error, OSError) and error.errno in _PATH_ERRNOS:
+    return errors.EXIT_USAGE
+  return None
+
+
+def run_command(argv, out=None, err=None, progress=False):
+  """Runs the binary in this process on a command line (argv[0] is the
+  program) with flags of its own (absl's global FLAGS are untouched);
+  returns the exit code. What the binary prints goes to out / err.
+
+  Example:
+    >>> run_command(["meshtf.train", "--mesh_shape=data:0;model:2"])
+    2         # err: "meshtf.train: error: mesh_shape 'data:0;model:2' ..."
+  """
+  err = err or sys.stderr
+  flag_values = flags.FlagValues()
+  try:
+    define_flags(flag_values, list(argv))
+    rest = parse_flags(list(argv), flag_values)
+  except UsageError as e:
+    err.write("meshtf.train: error: %s\n" % e)
+    err.flush()
+    return errors.EXIT_USAGE
+  return run_with_flags(flag_values, rest, out, err, progress)
+
+
+def _parse_or_exit(argv):
+  try:
+    return parse_flags(argv)
+  except UsageError as e:
+    _exit_with(e)
+
+
+def _exit_with(error):
+  sys.stderr.write("meshtf.train: error: %s\n" % error)
+  sys.stderr.flush()
+  sys.exit(errors.EXIT_USAGE)
+
+
+def main(argv):
+  import logging
+  import tensorflow as tf
   # TensorFlow's INFO lines (SavedModel writing, retracing notes) would
   # drown the summary and progress lines.
   tf.get_logger().setLevel(logging.ERROR)
-  absl_logging.set_verbosity(absl_logging.WARNING)
-  config = config_from_flags()
-  model_dir = FLAGS.model_dir or default_model_dir(
-      config_flags.get_config_filename(FLAGS["config"]))
+  if not FLAGS["verbosity"].present:
+    absl_logging.set_verbosity(absl_logging.WARNING)
+  sys.exit(run_with_flags(FLAGS, argv))
+
+
+def define_flags_or_exit():
+  """define_flags for the real binary: a bad config file or override is
+  one line and exit code 2."""
   try:
-    workers = workers_lib.from_flags(FLAGS.worker_hosts, FLAGS.task_index)
-    run(config, FLAGS.mode, model_dir, workers=workers)
-  except (config_lib.ConfigError, UsageError, text_data.DataError,
-          decode_lib.PromptError, LayoutError) as e:
-    for line in str(e).splitlines() or [type(e).__name__]:
-      sys.stderr.write("meshtf.train: error: %s\n" % line)
-    sys.stderr.flush()
-    sys.exit(2)
+    define_flags()
+  except UsageError as e:
+    _exit_with(e)
 
 
 def entry_point():
-  define_flags()
-  app.run(main, flags_parser=parse_flags)
+  define_flags_or_exit()
+  app.run(main, flags_parser=_parse_or_exit)
 
 
-__all__ = ["run", "Session", "check_checkpoint", "UsageError",
-           "define_flags", "entry_point"]
+__all__ = ["run", "run_command", "run_with_flags", "Session",
+           "check_checkpoint", "UsageError", "define_flags", "parse_flags",
+           "resolve_config", "prepare", "entry_point", "MAX_VIRTUAL_CPUS"]
 
 
 if __name__ == "__main__":

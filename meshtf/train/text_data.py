@@ -25,6 +25,43 @@ class DataError(ValueError):
   """Missing or unusable training data (the binary prints it as one line)."""
 
 
+def text_file_problem(path, what, fix):
+  """One line saying why `path` cannot be read as text -- it does not
+  exist, is a folder, is not UTF-8 (the line and byte named) or has no
+  non-blank line -- or None. `what` names the file's role ("data file"),
+  `fix` the flag that sets it. Reads the file once, a line at a time.
+
+  Example:
+    >>> text_file_problem("latin1.txt", "data file", "--config.task.data_files")
+    "data file latin1.txt is not UTF-8 text: byte 0xe9 at line 3 ..."
+  """
+  if os.path.isdir(path):
+    return "%s %s is a folder, not a text file: pass files, e.g. %s" % (
+        what, path, fix)
+  if not os.path.isfile(path):
+    return "%s %s does not exist: pass existing text files, e.g. %s" % (
+        what, path, fix)
+  blank = True
+  offset = 0
+  try:
+    with open(path, "rb") as f:
+      for number, raw in enumerate(f, 1):
+        try:
+          text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+          return ("%s %s is not UTF-8 text: byte 0x%02x at line %d (byte "
+                  "offset %d): convert it, e.g. iconv -f latin1 -t utf-8 %s"
+                  " > fixed.txt" % (what, path, raw[e.start], number,
+                                    offset + e.start, path))
+        blank = blank and not text.strip()
+        offset += len(raw)
+  except OSError as e:
+    return "%s %s cannot be read (%s): %s" % (what, path, e.strerror, fix)
+  if blank:
+    return "%s %s is empty (no non-blank line): pass files with text, e.g. "           "%s" % (what, path, fix)
+  return None
+
+
 def load_or_train_vocab(paths, model_dir, vocab_size, seq2seq=False):
   """A sentencepiece processor: model_dir/vocab.model if it exists, else one
   trained on the text of `paths` and saved there (ids: 0 pad, 1 EOS, 2 unk).
@@ -44,6 +81,9 @@ def _load_or_train_vocab(texts_fn, source, model_dir, vocab_size):
   if not os.path.exists(path):
     # Read (and so check) all the text before writing anything.
     sentences = [s for texts in texts_fn() for s in texts]
+    if not any(s.strip() for s in sentences):
+      raise DataError("%s has no text to train a vocabulary on: pass files "
+                      "with text (--config.task.data_files)" % source)
     os.makedirs(model_dir, exist_ok=True)
     tmp_prefix = os.path.join(model_dir, ".tmp-vocab-%d" % os.getpid())
     try:
@@ -67,9 +107,9 @@ def _load_or_train_vocab(texts_fn, source, model_dir, vocab_size):
 
 def _lines(paths):
   for p in paths:
-    if not os.path.exists(p):
-      raise DataError("Data file %s does not exist: pass existing text files "
-                      "(--config.data_files)" % p)
+    problem = text_file_problem(p, "data file", "--config.task.data_files")
+    if problem:
+      raise DataError(problem)
   for p in paths:
     with open(p, encoding="utf-8") as f:
       for line in f:

@@ -227,13 +227,18 @@ def test_text_lm_decodes_text_prompts(tmp_path):
     ("5 9 x\n", "line 1 '5 9 x': not token ids"),
     ("5 9\n1 5\n", "line 2 '1 5': reverse prompts are token ids in 3..15"),
     ("5 6 7 8 9 10 11\n", "need length >= 16, the length is 10"),
-    ("\n\n", "has no prompts: write one prompt per line"),
+    ("\n\n", "is empty (no non-blank line)"),
+    (b"5 9\n\xff 3\n", "is not UTF-8 text: byte 0xff at line 2 (byte offset"
+     " 4)"),
 ])
 def test_bad_prompt_files_are_clear_errors(lines, expected, tmp_path):
   c = config_lib.default_config()
   c.length = 10
   path = tmp_path / "p.txt"
-  path.write_text(lines)
+  if isinstance(lines, bytes):
+    path.write_bytes(lines)
+  else:
+    path.write_text(lines)
   c.decode_prompts_file = str(path)
   with pytest.raises(decode_lib.PromptError) as e:
     decode_lib.read_prompts(c, str(tmp_path))
@@ -241,6 +246,9 @@ def test_bad_prompt_files_are_clear_errors(lines, expected, tmp_path):
   assert len(str(e.value).splitlines()) == 1
   c.decode_prompts_file = str(tmp_path / "none.txt")
   with pytest.raises(decode_lib.PromptError, match="does not exist"):
+    decode_lib.read_prompts(c, str(tmp_path))
+  c.decode_prompts_file = str(tmp_path)
+  with pytest.raises(decode_lib.PromptError, match="is a folder"):
     decode_lib.read_prompts(c, str(tmp_path))
 
 

@@ -1,0 +1,361 @@
+"""--mode=train: the training loop of the binary, guarded against
+divergence.
+
+Before the first step it prints the header (model, task, mesh, layout,
+parameters per device, model_dir) and "tracing and lowering ...", so
+something is on the screen while the step is traced; after the first step
+it prints how long that took and the collectives per step. Then a progress
+bar (loss, accuracy, tokens/s, learning rate, MoE load), TensorBoard
+scalars, per-step metrics (metrics.jsonl), checkpoints every
+checkpoint_every steps and at the end, held-out evals, and whether the
+accuracy target was reached.
+
+A loss or gradient norm that is not finite stops training at once with
+DivergedError (one line naming the step and the likely causes); a variable
+that is not finite is never saved (CheckpointManager.save refuses it), so
+model_dir keeps its last good checkpoint.
+
+Example:
+  >>> result = train(session, progress=False)
+  >>> result["reached"], result["step"]
+  (True, 175)
+"""
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from meshtf.train import config as config_lib
+from meshtf.train import errors
+from meshtf.train import model_dir as model_dir_lib
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def train(session, progress=None):
+  """The training loop (see the module docstring); returns {"history",
+  "eval", "evals", "reached", "start_step", "step", "wall_s",
+  "collective_stats"}. Raises errors.DivergedError."""
+  import tensorflow as tf
+  from meshtf.models import training
+  from meshtf.train import experiment
+  config, log = session.config, session.log
+  model_dir = session.model_dir
+  data = experiment.make_data(config, model_dir)
+  chief = session.is_chief
+  if chief:  # other workers of a multi-worker run write nothing
+    os.makedirs(model_dir, exist_ok=True)
+    model_dir_lib.write_config(model_dir, config)
+  start_step = session.restore() or 0
+  if chief:
+    _truncate_metrics(model_dir, start_step)
+  step_fn = training.TrainStep(
+      experiment.loss_fn(session.model, session.sink, **session.row_args()),
+      session.impl, experiment.make_optimizer(config),
+      variable_store=session.store, seed=config.seed,
+      clip_gradient_norm=config.clip_gradient_norm or None)
+  lr_fn = experiment.learning_rate_schedule(config)
+  if chief:
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
+    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir,
+                                                             "eval"))
+  else:
+    writer = eval_writer = tf.summary.create_noop_writer()
+  tokens_per_step = config.batch_size * config.length * (
+      2 if config.model_type == "bitransformer" else 1)
+  metrics_path = os.path.join(model_dir, METRICS_FILE)
+  history = []
+  evals = []
+  step = start_step
+  end = config.train_steps
+  if start_step >= config.train_steps:
+    log("model_dir %s is already trained to step %d (train_steps %d)" % (
+        model_dir, start_step, config.train_steps))
+  elif start_step and config.stop_at_target and config.eval_every:
+    # A run that stopped at the target would otherwise train on to the
+    # next eval: check first.
+    result = session.evaluate(data)
+    if result["accuracy"] >= config.target_accuracy:
+      log("model_dir %s already reached the target at step %d (eval "
+          "accuracy %.4f >= %.4f); nothing to train" % (
+              model_dir, start_step, result["accuracy"],
+              config.target_accuracy))
+      evals.append(dict(result, step=start_step))
+      end = start_step
+  if step < end:
+    print_header(session, start_step)
+    log("tracing and lowering the training step ...")
+  saved_step = start_step if session.restored_names is not None else None
+  bar = None
+  t_start = time.time()
+  t_window, window_steps = time.time(), 0
+  with (open(metrics_path, "a") if chief else open(os.devnull, "w")
+        ) as metrics_file:
+    while step < end:
+      t0 = time.time()
+      outputs = step_fn(data.train_batch(step, rows=session.rows))
+      record = {k: float(np.asarray(v)) for k, v in outputs.items()}
+      if int(record["step"]) != step:
+        raise RuntimeError("global step %d != loop step %d" % (
+            record["step"], step))
+      check_finite(record, step, config, saved_step)
+      dt = time.time() - t0
+      if step == start_step:
+        print_first_step(session, step_fn, dt)
+        bar = _progress_bar(config, start_step, progress)
+        t_window, window_steps = time.time(), 0
+      else:
+        window_steps += 1
+      step += 1
+      record["step"] = step - 1
+      record["learning_rate"] = float(lr_fn(float(step - 1)))
+      elapsed = time.time() - t_window
+      record["tokens_per_sec"] = (tokens_per_step * window_steps / elapsed
+                                  if window_steps and elapsed > 0 else 0.0)
+      metrics_file.write(json.dumps(record, sort_keys=True) + "\n")
+      metrics_file.flush()
+      history.append(record)
+      if bar is not None:
+        bar.update(1)
+        bar.set_postfix_str(_postfix(record), refresh=False)
+      if step % config.log_every == 0 or step == end:
+        _write_scalars(writer, record, step)
+        if bar is None:
+          log("step %d  %s" % (step, _postfix(record)))
+      if step % config.checkpoint_every == 0 and step < end:
+        _save(session, step, config, saved_step)
+        saved_step = step
+      if config.eval_every and step % config.eval_every == 0 and step < end:
+        result = session.evaluate(data)
+        evals.append(dict(result, step=step))
+        _write_eval(eval_writer, result, step)
+        if bar is not None:
+          bar.write("eval at step %d: accuracy %.4f loss %.4f" % (
+              step, result["accuracy"], result["loss"]))
+        else:
+          log("eval at step %d: accuracy %.4f  loss %.4f" % (
+              step, result["accuracy"], result["loss"]))
+        if config.stop_at_target and result["accuracy"] >= \
+            config.target_accuracy:
+          break
+  if bar is not None:
+    bar.close()
+  wall = time.time() - t_start
+  if step > start_step:
+    _save(session, step, config, saved_step)
+  if not (evals and evals[-1]["step"] == step):
+    result = session.evaluate(data)
+    evals.append(dict(result, step=step))
+    _write_eval(eval_writer, result, step)
+  final = evals[-1]
+  reached = final["accuracy"] >= config.target_accuracy
+  steps_run = step - start_step
+  tok_s = [r["tokens_per_sec"] for r in history if r["tokens_per_sec"]]
+  log("done: step %d, %d steps in %.1f s (%.0f tokens/s)" % (
+      step, steps_run, wall, tok_s[-1] if tok_s else 0.0))
+  log("final eval accuracy %.4f (loss %.4f, perplexity %.3f): target %.4f "
+      "%s" % (final["accuracy"], final["loss"], final["perplexity"],
+              config.target_accuracy,
+              "REACHED" if reached else "NOT reached"))
+  writer.flush()
+  eval_writer.flush()
+  return {"history": history, "eval": final, "evals": evals,
+          "reached": reached, "start_step": start_step, "step": step,
+          "wall_s": wall, "collective_stats":
+          step_fn.mesh_function.collective_stats() if history else None}
+
+
+# --- the divergence guard -----------------------------------------------------
+def check_finite(record, step, config, saved_step):
+  """Raises DivergedError if the step's loss or gradient norm is NaN or
+  Inf (the update of this step already ran: nothing is saved after it).
+
+  Example:
+    >>> check_finite({"loss": float("nan")}, 37, config, 25)
+    Traceback (most recent call last):
+    DivergedError: training diverged at step 37: the loss is nan; ...
+  """
+  bad = [(k, record[k]) for k in ("loss", "gradient_norm")
+         if k in record and not math.isfinite(record[k])]
+  if bad:
+    what = " and ".join("the %s is %s" % (k.replace("_", " "), v)
+                        for k, v in bad)
+    raise errors.DivergedError(diverged_message(step, what, config,
+                                                saved_step))
+
+
+def diverged_message(step, what, config, saved_step):
+  """One line: the step, what is not finite, the likely causes in this
+  config and their fixes, and what model_dir still holds."""
+  causes = ["learning_rate %g is too high" % config.learning_rate]
+  fixes = ["lower --config.learning_rate"]
+  if not config.clip_gradient_norm:
+    causes.append("gradients are not clipped (clip_gradient_norm 0)")
+    fixes.append("set --config.clip_gradient_norm=1.0")
+  if not config.warmup_steps:
+    causes.append("there is no warmup")
+    fixes.append("set --config.warmup_steps=20")
+  kept = ("model_dir keeps ckpt-%d, nothing was saved after it" % saved_step
+          if saved_step else "no checkpoint was saved")
+  return "training diverged at step %d: %s; likely causes: %s, or bad data:"\
+         " %s; %s" % (step, what, ", ".join(causes), ", ".join(fixes), kept)
+
+
+def _save(session, step, config, saved_step):
+  """Saves a checkpoint; a variable that is not finite is a divergence
+  (the loss of the step that made it was still finite)."""
+  from meshtf.train import checkpoint as checkpoint_lib
+  try:
+    session.manager.save(session.store, step)
+  except checkpoint_lib.NonFiniteError as e:
+    raise errors.DivergedError(diverged_message(
+        step, "variable %r is not finite after the update" % e.name, config,
+        saved_step)) from None
+
+
+# --- what is printed ----------------------------------------------------------
+def print_header(session, start_step):
+  """The run's header, before tracing: model, task, mesh, layout,
+  parameters per device (from the symbolic graph), workers, model_dir."""
+  from meshtf.train import experiment
+  config, log = session.config, session.log
+  graph, _ = experiment.build_training_graph(config, session.mesh_layout)
+  counts = experiment.parameter_counts(graph, session.mesh_layout)
+  moe = ""
+  if config.moe.num_experts:
+    moe = ", MoE %d experts (%s) on feed-forward layers %s" % (
+        config.moe.num_experts, config.moe.gating,
+        config_lib.moe_layer_indices(config, config.num_layers))
+  task = config.task.data_files or config.task.tfds_name or \
+      "synthetic %s" % config.task.problem
+  lines = [
+      "=" * 72,
+      "meshtf.train: %s, %d layers, d_model %d, %d heads, d_ff %d%s" % (
+          config.model_type, config.num_layers, config.d_model,
+          config.num_heads, config.d_ff, moe),
+      "task: %s; batch %d x length %d; %d steps; optimizer %s lr %g (%s)" % (
+          task, config.batch_size, config.length, config.train_steps,
+          config.optimizer, config.learning_rate, config.schedule),
+      "mesh: %s = %d processors, %s backend on %s" % (
+          config.mesh_shape, session.impl.size, config.backend,
+          session.devices[0].split("/")[-1] + (
+              ".." + session.devices[-1].split(":")[-1]
+              if len(session.devices) > 1 else "")),
+      "layout: %s%s%s" % (
+          config.layout,
+          "; activations: %s" % config.activation_layout
+          if config.activation_layout else "",
+          "; variables: %s" % config.variable_layout
+          if config.variable_layout else ""),
+      "parameters: %s total, %s per device (+ %s optimizer state per "
+      "device)" % (format(counts["total"], ","),
+                   format(counts["per_device"], ","),
+                   format(counts["optimizer_per_device"], ",")),
+  ]
+  if session.rows is not None:
+    w = session.workers
+    lines.append("workers: %d (this is task %d%s); it reads batch rows %s of "
+                 "%d" % (w.num_workers, w.index,
+                         ", the chief" if w.is_chief else "",
+                         _ranges(session.rows), config.batch_size))
+  lines.append("model_dir: %s (%s)" % (
+      session.model_dir, "resumed from step %d" % start_step
+      if start_step else "new"))
+  for l in lines:
+    log(l)
+
+
+def print_first_step(session, step_fn, first_step_s):
+  """After the first step: its time and the collectives per step."""
+  log = session.log
+  log("first step (trace + lowering + run): %.1f s" % first_step_s)
+  log("collectives per step:")
+  for l in step_fn.mesh_function.lowering.collective_summary().splitlines():
+    log("  " + l)
+  log("=" * 72)
+
+
+def _write_eval(writer, result, step):
+  _write_scalars(writer, {k: result[k] for k in ("loss", "accuracy",
+                                                "perplexity")}, step)
+
+
+def _write_scalars(writer, values, step):
+  """TensorBoard scalars via tf.summary.write with the scalars plugin's
+  metadata: tf.summary.scalar would need the tensorboard package."""
+  import tensorflow as tf
+  from tensorflow.core.framework import summary_pb2
+  metadata = summary_pb2.SummaryMetadata(
+      plugin_data=summary_pb2.SummaryMetadata.PluginData(
+          plugin_name="scalars"),
+      data_class=summary_pb2.DATA_CLASS_SCALAR)
+  with writer.as_default(step=step):
+    for k, v in sorted(values.items()):
+      if k != "step":
+        tf.summary.write(k, tf.constant(float(v), tf.float32),
+                         metadata=metadata)
+
+
+def _postfix(record):
+  parts = ["loss %.4f" % record["loss"], "acc %.3f" % record["accuracy"],
+           "%.0f tok/s" % record["tokens_per_sec"],
+           "lr %.2g" % record["learning_rate"]]
+  if "moe_load_max" in record:
+    parts.append("moe max/mean load %.2f dropped %.3f" % (
+        record["moe_load_max"], record["moe_dropped"]))
+  return "  ".join(parts)
+
+
+def _progress_bar(config, start_step, progress):
+  """A tqdm bar on an interactive stderr (progress=None), forced on or off
+  with progress=True/False; None when off (log lines instead)."""
+  if progress is None:
+    progress = sys.stderr.isatty()
+  if not progress:
+    return None
+  import shutil
+  from tqdm import tqdm
+  # Some pseudo-terminals report 0 columns, which makes tqdm print nothing.
+  columns = shutil.get_terminal_size((120, 24)).columns or 120
+  return tqdm(total=config.train_steps, initial=start_step, unit="step",
+              ncols=max(columns, 60), mininterval=0.5)
+
+
+def _truncate_metrics(model_dir, start_step):
+  """Drops metrics of steps >= start_step (a killed run may have logged
+  steps after its last checkpoint; they are run again) and a torn line."""
+  path = os.path.join(model_dir, METRICS_FILE)
+  if not os.path.exists(path):
+    return
+  kept = []
+  with open(path) as f:
+    for line in f:
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue
+      if record.get("step", 0) < start_step:
+        kept.append(line if line.endswith("\n") else line + "\n")
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    f.writelines(kept)
+  os.replace(tmp, path)
+
+
+def _ranges(rows):
+  """[0, 1, 2, 5, 6] -> '0..2, 5..6'."""
+  out, start = [], None
+  for i, r in enumerate(rows):
+    if start is None:
+      start = r
+    if i + 1 == len(rows) or rows[i + 1] != r + 1:
+      out.append("%d..%d" % (start, r) if r != start else str(r))
+      start = None
+  return ", ".join(out)
+
+
+__all__ = ["train", "check_finite", "diverged_message", "print_header",
+           "print_first_step", "METRICS_FILE"]
