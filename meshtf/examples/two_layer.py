@@ -1,15 +1,17 @@
-r"""The Mesh-TensorFlow paper's two-layer network (section 8), trained on a
+"""The Mesh-TensorFlow paper's two-layer network (section 8), trained on a
 mesh of virtual CPU devices with any mesh shape and layout.
 
     y = relu(x w + bias) v,   loss = mean((y - target)^2),   SGD
 
 The target comes from a fixed random "teacher" network of the same form, so
 the loss can go to zero. Every layout gives the same losses (layout
-invariance); the collective summary shows what the layout costs.
+invariance, up to float rounding); the collective summary shows what the
+layout costs.
 
 Usage:
+  python -m meshtf.examples.two_layer      # the paper's four layouts, compared
   python -m meshtf.examples.two_layer --mesh_shape=rows:2;cols:4 \
-      --layout=batch:rows;hidden:cols --steps=20
+      --layout=batch:rows;hidden:cols --steps=20          # one layout
 """
 import sys
 
@@ -17,10 +19,13 @@ from absl import app
 from absl import flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("mesh_shape", "rows:2;cols:4",
-                    "Mesh shape, e.g. 'all:8' or 'rows:2;cols:4'.")
-flags.DEFINE_string("layout", "batch:rows;hidden:cols",
-                    "Layout rules dim:mesh_axis, e.g. 'batch:all'.")
+flags.DEFINE_string("mesh_shape", None,
+                    "Mesh shape, e.g. 'all:8' or 'rows:2;cols:4' (default: "
+                    "rows:2;cols:4; with no --layout either, the paper's four "
+                    "layouts are compared).")
+flags.DEFINE_string("layout", None,
+                    "Layout rules dim:mesh_axis, e.g. 'batch:all' (default: "
+                    "batch:rows;hidden:cols).")
 flags.DEFINE_integer("batch_size", 64, "Global batch size b.")
 flags.DEFINE_integer("d_io", 32, "Input/output width d_io.")
 flags.DEFINE_integer("d_hidden", 128, "Hidden width d_h.")
@@ -117,21 +122,89 @@ def train(mesh_shape, layout, batch_size, d_io, d_hidden, steps,
   return losses, step
 
 
+# The paper's layouts of the network on 8 processors (Table 1 and its 3-D
+# extension): (name, mesh shape, layout rules).
+PAPER_LAYOUTS = (
+    ("data-parallel", "all:8", "batch:all"),
+    ("model-parallel", "all:8", "hidden:all"),
+    ("2-D: data x model", "rows:2;cols:4", "batch:rows;hidden:cols"),
+    ("3-D: data x model x io", "rows:2;cols:2;planes:2",
+     "batch:rows;hidden:cols;io:planes"),
+)
+
+
+def compare_layouts(layouts, batch_size, d_io, d_hidden, steps,
+                    learning_rate, devices, seed=0, log=print,
+                    backend="simd"):
+  """Trains the network under each (name, mesh shape, layout rules) and
+  prints a table: final loss, collectives per step and values each
+  processor allreduces per step. Returns one dict per layout with its
+  "losses" and "collectives" ({kind: count per step}).
+
+  Example:
+    >>> rows = compare_layouts(PAPER_LAYOUTS, 64, 32, 128, 5, 0.5, devices)
+    >>> rows[0]["collectives"]
+    {'allreduce_sum': 5}
+  """
+  rows = []
+  for name, mesh_shape, layout in layouts:
+    log("== %s: mesh %s, layout %s" % (name, mesh_shape, layout))
+    losses, step = train(mesh_shape, layout, batch_size, d_io, d_hidden,
+                         steps, learning_rate, devices, seed,
+                         log=lambda line: None, backend=backend)
+    counts, values = {}, 0
+    for s in step.lowering.collective_stats():
+      counts[s["kind"]] = counts.get(s["kind"], 0) + s["count"]
+      if s["kind"].startswith("allreduce"):
+        values += s["elements_per_device"] * s["count"]
+    log(step.lowering.collective_summary())
+    rows.append({"name": name, "mesh_shape": mesh_shape, "layout": layout,
+                 "losses": losses, "collectives": counts,
+                 "allreduced_per_device": values})
+  log("")
+  log("%-23s %-33s %-10s %-19s %s" % ("layout", "rules", "final loss",
+                                      "collectives/step",
+                                      "values allreduced/processor"))
+  for r in rows:
+    log("%-23s %-33s %-10.6f %-19s %d" % (
+        r["name"], r["layout"], r["losses"][-1],
+        ", ".join("%d %s" % (n, k) for k, n in sorted(
+            r["collectives"].items())), r["allreduced_per_device"]))
+  spread = max(abs(a - b) for r in rows
+               for a, b in zip(r["losses"], rows[0]["losses"]))
+  log("every layout: the same %d losses up to %.1e (float summation order)"
+      % (steps, spread))
+  return rows
+
+
 def main(argv):
   del argv
   import meshtf as mtf
-  if len(mtf.convert_to_shape(FLAGS.mesh_shape)) and \
-      mtf.convert_to_shape(FLAGS.mesh_shape).size > FLAGS.num_virtual_cpus:
-    raise mtf.LayoutError(
-        "mesh %s needs %d devices but --num_virtual_cpus=%d; raise "
-        "--num_virtual_cpus or shrink the mesh" % (
-            FLAGS.mesh_shape, mtf.convert_to_shape(FLAGS.mesh_shape).size,
-            FLAGS.num_virtual_cpus))
+  from meshtf.train import startup
+  if FLAGS.mesh_shape is None and FLAGS.layout is None:
+    layouts = PAPER_LAYOUTS
+  else:
+    layouts = [("your layout", FLAGS.mesh_shape or "rows:2;cols:4",
+                FLAGS.layout if FLAGS.layout is not None else
+                "batch:rows;hidden:cols")]
+  for _, mesh_shape, _ in layouts:
+    size = mtf.convert_to_shape(mesh_shape).size
+    if size > FLAGS.num_virtual_cpus:
+      raise mtf.LayoutError(
+          "mesh %s needs %d devices but --num_virtual_cpus=%d; raise "
+          "--num_virtual_cpus or shrink the mesh" % (
+              mesh_shape, size, FLAGS.num_virtual_cpus))
   devices = mtf.virtual_cpu_devices(FLAGS.num_virtual_cpus)
-  losses, _ = train(FLAGS.mesh_shape, FLAGS.layout, FLAGS.batch_size,
-                    FLAGS.d_io, FLAGS.d_hidden, FLAGS.steps,
-                    FLAGS.learning_rate, devices, FLAGS.seed,
+  startup.devices_ready()   # TensorFlow's start-up lines are over
+  if len(layouts) > 1:
+    compare_layouts(layouts, FLAGS.batch_size, FLAGS.d_io, FLAGS.d_hidden,
+                    FLAGS.steps, FLAGS.learning_rate, devices, FLAGS.seed,
                     backend=FLAGS.backend)
+    return
+  _, mesh_shape, layout = layouts[0]
+  losses, _ = train(mesh_shape, layout, FLAGS.batch_size, FLAGS.d_io,
+                    FLAGS.d_hidden, FLAGS.steps, FLAGS.learning_rate,
+                    devices, FLAGS.seed, backend=FLAGS.backend)
   print("final loss %.6f (first %.6f)" % (losses[-1], losses[0]))
 
 

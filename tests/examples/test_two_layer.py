@@ -110,6 +110,24 @@ def test_training_is_layout_invariant_and_learns(backend):
   assert w.shape == (8, 32)
 
 
+def test_compare_layouts_runs_the_four_paper_layouts():
+  """What `python -m meshtf.examples.two_layer` prints with no flags: the
+  four layouts, each with its collectives, the same losses, one table."""
+  lines = []
+  rows = two_layer.compare_layouts(two_layer.PAPER_LAYOUTS, 16, 8, 32, 3,
+                                   0.5, harness.DEVICES, log=lines.append)
+  assert [r["layout"] for r in rows] == [l for _, l in PAPER_LAYOUTS]
+  for r in rows:
+    np.testing.assert_allclose(r["losses"], rows[0]["losses"], rtol=1e-5)
+    assert r["collectives"]["allreduce_sum"] >= 1
+  text = "\n".join(lines)
+  assert text.count("== ") == 4 and "collectives/step" in text
+  # Table 1: model-parallel allreduces fewer values than data-parallel
+  # here (b * d_io < d_io * d_h), and its row says so.
+  assert rows[1]["allreduced_per_device"] < rows[0]["allreduced_per_device"]
+  assert "every layout: the same 3 losses up to" in text
+
+
 def _run_cli(*flags):
   return subprocess.run([sys.executable, "-m", "meshtf.examples.two_layer"]
                         + list(flags), capture_output=True, text=True,
