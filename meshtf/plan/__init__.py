@@ -9,3 +9,4 @@ Example:
 from meshtf.plan.hardware import HARDWARE
 from meshtf.plan.report import PlanReport
 from meshtf.plan.report import plan
+from meshtf.plan.visualize import visualize_layout

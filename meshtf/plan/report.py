@@ -57,7 +57,8 @@ class PlanReport(object):
     """The report as a dict (what the JSON file holds)."""
     acc = self.accounting
     flops, touched = acc.flops, acc.bytes
-    compute, comm = self.compute_seconds(), self.collective_seconds()
+    compute = self.compute_seconds() + self.hardware.step_overhead
+    comm = self.collective_seconds()
     by_kind = {}
     for r in self.collectives:
       entry = by_kind.setdefault(r["kind"], {"count": 0, "bytes": 0})

@@ -168,3 +168,26 @@ def test_hardware_models_say_their_assumptions():
   for hw in hardware.HARDWARE.values():
     lines = hw.describe()
     assert len(lines) >= 3 and lines[0].startswith(hw.name)
+
+
+def test_visualize_layout_shows_each_processors_slice():
+  from meshtf.plan import visualize_layout
+  text = visualize_layout("batch:64;hidden:128", mtf.MeshLayout(
+      "rows:2;cols:4", "batch:rows;hidden:cols"))
+  lines = text.splitlines()
+  assert lines[0] == "[batch:64, hidden:128] on rows:2 x cols:4"
+  assert lines[2].split() == ["rows=0", "b[0:32]", "h[0:32]", "b[0:32]",
+                              "h[32:64]", "b[0:32]", "h[64:96]", "b[0:32]",
+                              "h[96:128]"]
+  # Uneven and over two axes: the last processors hold only padding.
+  text = visualize_layout("heads:6", mtf.MeshLayout("x:2;y:4", "heads:x+y"))
+  assert text.splitlines()[-1].split() == ["x=1", "h[4:5]", "h[5:6]",
+                                           "h[-]", "h[-]"]
+  # A tensor with an annotated layout, through its lowering.
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  t = mtf.shard(mtf.zeros(mesh, "batch:8;io:4"), "io:y")
+  lowering = mtf.Lowering(graph, {mesh: harness.make_impl(
+      "placement", "x:2;y:4", "batch:x")}, outputs=[t])
+  text = visualize_layout(t, lowering.mesh_impl(t), lowering)
+  assert "i[0:1]" in text and "b[" not in text

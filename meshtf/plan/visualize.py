@@ -1,0 +1,79 @@
+"""Pictures of layouts: which processor holds which slice of a tensor, as
+text (the README's table), like the Mesh-TensorFlow paper's figures and
+jax.debug.visualize_array_sharding.
+
+Example:
+  >>> print(visualize_layout("vocab:250;d:4", mtf.MeshLayout("x:4", "vocab:x")))
+  [vocab:250, d:4] on x:4
+        x=0         x=1         x=2         x=3
+        v[0:63]     v[63:126]   v[126:189]  v[189:250]
+"""
+from meshtf import shapes
+
+
+def _abbrev(name, taken):
+  """A short prefix of a dim name, unique among `taken`."""
+  for n in range(1, len(name) + 1):
+    if name[:n] not in taken:
+      return name[:n]
+  return name
+
+
+def _cell(mesh_layout, shape, pnum, abbrevs):
+  begin = mesh_layout.slice_begin(shape, pnum)
+  valid = mesh_layout.valid_slice_shape(shape, pnum)
+  parts = []
+  for s, b, v in zip(mesh_layout.dim_splits(shape), begin, valid):
+    if s.is_split:
+      parts.append("%s[%d:%d]" % (abbrevs[s.name], b, b + v) if v
+                   else "%s[-]" % abbrevs[s.name])
+  return " ".join(parts) or "all"
+
+
+def visualize_layout(tensor_or_shape, mesh_layout, lowering=None):
+  """A text picture of a tensor's layout: one cell per processor (a grid
+  for 1-D and 2-D meshes, one line per processor otherwise), naming the
+  global ranges of its split dims ("[-]": only padding) -- "all" where a
+  processor holds the whole tensor.
+
+  tensor_or_shape: a Tensor, Variable operation or shape; mesh_layout: a
+  MeshLayout (or a MeshImpl); lowering: optional, for a tensor whose
+  layout is annotated or propagated (Lowering.layout_of).
+
+  Example:
+    >>> print(mtf.visualize_layout(w, impl))
+  """
+  tensor = getattr(tensor_or_shape, "outputs", [tensor_or_shape])[0] \
+      if hasattr(tensor_or_shape, "outputs") else tensor_or_shape
+  mesh_layout = getattr(mesh_layout, "mesh_layout", mesh_layout)
+  if lowering is not None and hasattr(tensor, "operation"):
+    mesh_layout = lowering.layout_of(tensor)
+  shape = getattr(tensor, "shape", None)
+  if not isinstance(shape, shapes.Shape):
+    shape = shapes.convert_to_shape(tensor)
+  abbrevs, taken = {}, set()
+  for d in shape.dims:
+    abbrevs[d.name] = _abbrev(d.name, taken)
+    taken.add(abbrevs[d.name])
+  mesh = mesh_layout.mesh_shape
+  title = "%s on %s" % (shape, " x ".join("%s:%d" % (d.name, d.size)
+                                          for d in mesh.dims))
+  cells = [_cell(mesh_layout, shape, p, abbrevs)
+           for p in range(mesh_layout.size)]
+  if mesh.ndims > 2:
+    return "\n".join([title] + [
+        "  %s  %s" % (mesh_layout.pnum_to_processor_coordinates(p), c)
+        for p, c in enumerate(cells)])
+  rows, cols = ((1, mesh.dims[0].size) if mesh.ndims == 1
+                else (mesh.dims[0].size, mesh.dims[1].size))
+  width = max(len(c) for c in cells) + 2
+  col_name = mesh.dims[-1].name
+  row_name = mesh.dims[0].name if mesh.ndims == 2 else ""
+  label = len(row_name) + 6
+  lines = [title, " " * label + "".join(
+      ("%s=%d" % (col_name, j)).ljust(width) for j in range(cols))]
+  for i in range(rows):
+    head = ("%s=%d" % (row_name, i)) if row_name else ""
+    lines.append(head.ljust(label) + "".join(
+        cells[i * cols + j].ljust(width) for j in range(cols)))
+  return "\n".join(line.rstrip() for line in lines)
