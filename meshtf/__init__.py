@@ -155,5 +155,8 @@ from meshtf.models import moe  # noqa: E402
 from meshtf.models import training  # noqa: E402
 from meshtf.models import transformer  # noqa: E402
 from meshtf.models import transformer_layers  # noqa: E402
+# The plan report: what a layout needs before running it.
+from meshtf import plan  # noqa: E402
+from meshtf.plan.visualize import visualize_layout  # noqa: E402
 
 __version__ = "0.1.0"
