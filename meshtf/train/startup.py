@@ -11,8 +11,8 @@ before TensorFlow loads until their devices exist (`devices_ready`), while
 Python's own sys.stderr keeps writing to the terminal; then the known
 start-up lines are dropped and anything else that was written is passed
 on. TF_CPP_MIN_LOG_LEVEL defaults to 2 (errors only) for the rest of the
-run. `--verbosity=<n>` (or -v) or a TF_CPP_MIN_LOG_LEVEL set by the user
-keeps TensorFlow's output as it is.
+run (a value the user set is kept). `--verbosity=<n>` (or -v) keeps
+TensorFlow's output as it is.
 
 meshtf/__init__.py calls `quiet_if_command_line()` first thing: `python -m
 meshtf.train` imports the meshtf package (and so TensorFlow) before the
@@ -53,10 +53,8 @@ def program_name(argv=None):
   return None
 
 
-def wants_tensorflow_output(argv, environ):
-  """True when the user asked to see TensorFlow's logging."""
-  if "TF_CPP_MIN_LOG_LEVEL" in environ:
-    return True
+def wants_tensorflow_output(argv):
+  """True when the command line asks for logging (--verbosity=<n>, -v)."""
   return any(a == "-v" or a.startswith(("--verbosity", "-v=")) for a in argv)
 
 
@@ -65,9 +63,9 @@ def quiet_if_command_line():
   user did not ask for TensorFlow's output; a no-op otherwise (imports of
   meshtf as a library, tests)."""
   argv = list(getattr(sys, "orig_argv", None) or [])
-  if program_name(argv) is None or wants_tensorflow_output(argv, os.environ):
+  if program_name(argv) is None or wants_tensorflow_output(argv):
     return
-  os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   start_quiet()
 
 

@@ -35,10 +35,14 @@ def text_file_problem(path, what, fix):
     >>> text_file_problem("latin1.txt", "data file", "--config.task.data_files")
     "data file latin1.txt is not UTF-8 text: byte 0xe9 at line 3 ..."
   """
-  if os.path.isdir(path):
+  try:
+    is_folder, is_file = os.path.isdir(path), os.path.isfile(path)
+  except ValueError:   # e.g. a NUL character in the path
+    is_folder = is_file = False
+  if is_folder:
     return "%s %s is a folder, not a text file: pass files, e.g. %s" % (
         what, path, fix)
-  if not os.path.isfile(path):
+  if not is_file:
     return "%s %s does not exist: pass existing text files, e.g. %s" % (
         what, path, fix)
   blank = True
@@ -50,9 +54,10 @@ def text_file_problem(path, what, fix):
           text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
           return ("%s %s is not UTF-8 text: byte 0x%02x at line %d (byte "
-                  "offset %d): convert it, e.g. iconv -f latin1 -t utf-8 %s"
-                  " > fixed.txt" % (what, path, raw[e.start], number,
-                                    offset + e.start, path))
+                  "offset %d): convert it (e.g. iconv -f latin1 -t utf-8 %s "
+                  "> fixed.txt) and pass the new file, e.g. %s" % (
+                      what, path, raw[e.start], number, offset + e.start,
+                      path, fix))
         blank = blank and not text.strip()
         offset += len(raw)
   except OSError as e:

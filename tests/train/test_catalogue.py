@@ -1,0 +1,421 @@
+"""The catalogue of bad input to `python -m meshtf.train`: every case is one
+line on stderr ("meshtf.train: error: ..." naming what, the sizes and the
+fix), exit code 2, nothing on stdout, no traceback, and model_dir exactly
+as it was (not created when it did not exist; config.json never rewritten).
+
+The cases run through the binary's own flag parsing and main function in
+this process (main.run_command: a TensorFlow start-up per case would cost
+~3 s each); a few run as real processes to show that a user sees exactly
+one line, TensorFlow's start-up lines included. The parsers (mesh shapes,
+layouts, config overrides, prompt files) are fuzzed with hypothesis: any
+input gives a value or one clear error, never a traceback.
+"""
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+
+from meshtf.train import config as config_lib
+from meshtf.train import decode as decode_lib
+from meshtf.train import main
+from meshtf.train import model_dir as model_dir_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+CONFIGS = os.path.join(ROOT, "t2t_configs")
+LM_TINY = os.path.join(CONFIGS, "lm_tiny.py")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+  """Input files the cases point at."""
+  d = tmp_path_factory.mktemp("files")
+  (d / "latin1.txt").write_bytes(b"the cat\ncaf\xe9 au lait\n")
+  (d / "empty.txt").write_text("")
+  (d / "blank.txt").write_text("\n   \n")
+  (d / "folder").mkdir()
+  (d / "noconf.py").write_text("x = 1\n")
+  (d / "syntax.py").write_text("def get_config(:\n")
+  (d / "bad_token.txt").write_text("5 9 400\n")
+  return str(d)
+
+
+def _tiny_config_json():
+  c = _load(LM_TINY)
+  return c.to_json(indent=1, sort_keys=True)
+
+
+def _load(path, arg=None):
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("cfg_%d" % abs(hash(path)),
+                                                path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(*([arg] if arg else []))
+
+
+# model_dir states a case starts from.
+def _state_trained(d):
+  """A model_dir trained with lm_tiny (its config.json and a checkpoint
+  folder; the conflict check reads no checkpoint)."""
+  d.mkdir()
+  (d / "config.json").write_text(_tiny_config_json())
+  (d / "ckpt-4").mkdir()
+  (d / "ckpt-4" / "meta.json").write_text("{}")
+
+
+def _state_locked(d):
+  """A live run (this test process) holds the lock."""
+  d.mkdir()
+  owner = {"pid": os.getpid(), "host": __import__("socket").gethostname(),
+           "process_start": model_dir_lib._process_start(os.getpid()),
+           "started": "now", "command": "python -m meshtf.train"}
+  (d / model_dir_lib.LOCK_FILE).write_text(json.dumps(owner))
+
+
+def _state_broken_config(d):
+  d.mkdir()
+  (d / "config.json").write_text('{"d_model": 32,')
+  (d / "ckpt-4").mkdir()
+
+
+def _state_unknown_key_config(d):
+  d.mkdir()
+  (d / "config.json").write_text('{"d_modle": 32}')
+
+
+def _state_damaged(d):
+  """Every checkpoint damaged: a broken meta.json, a missing one."""
+  d.mkdir()
+  (d / "config.json").write_text(_tiny_config_json())
+  (d / "ckpt-5").mkdir()
+  (d / "ckpt-5" / "meta.json").write_text("{broken")
+  (d / "ckpt-3").mkdir()
+
+
+def _state_file(d):
+  d.write_text("not a directory\n")
+
+
+def _state_readonly(d):
+  d.mkdir()
+  d.chmod(0o555)
+
+
+STATES = {"none": lambda d: None, "trained": _state_trained,
+          "locked": _state_locked, "broken_config": _state_broken_config,
+          "unknown_key_config": _state_unknown_key_config,
+          "damaged": _state_damaged, "file": _state_file,
+          "readonly": _state_readonly}
+
+# (case id, flags ({files} and {model_dir} are filled in), model_dir state,
+#  the text the one line must contain). "--config=" + lm_tiny is added
+# unless the flags name a --config or start with "NO_CONFIG".
+CASES = [
+    # flags and config overrides
+    ("unknown_key", ["--config.nope=1"], "none",
+     "unknown config key 'nope' (--config.nope): did you mean 'norm_type'?"),
+    ("unknown_flag", ["--nope"], "none", "unknown flag --nope"),
+    ("bad_flag_value", ["--num_virtual_cpus=abc"], "none",
+     "num_virtual_cpus"),
+    ("bad_mode", ["--mode=bogus"], "none", "--mode"),
+    ("positional", ["extra"], "none", "unexpected arguments extra"),
+    ("train_steps_flag", ["--train_steps=-5"], "none",
+     "--train_steps=-5 must be a positive integer: set --train_steps to 1 "
+     "or more"),
+    ("train_steps_override", ["--config.train_steps=0"], "none",
+     "--config.train_steps=0 must be a positive integer"),
+    ("batch_size_flag", ["--batch_size=0"], "none",
+     "--batch_size=0 must be a positive integer"),
+    ("decode_strategy", ["--config.decode_strategy=top"], "none",
+     "decode_strategy='top' is unknown"),
+    # mesh, layout, devices
+    ("mesh_malformed", ["--mesh_shape=data:2;model"], "none",
+     "mesh_shape 'data:2;model' is malformed"),
+    ("mesh_empty", ["--mesh_shape="], "none",
+     "mesh_shape '' is malformed: it has no axes"),
+    ("mesh_zero", ["--mesh_shape=data:0;model:2"], "none",
+     "mesh_shape 'data:0;model:2': axis 'data' has size 0; every mesh axis "
+     "needs at least 1 processor: e.g. --mesh_shape=data:1;model:2"),
+    ("layout_malformed", ["--layout=batch:data;heads"], "none",
+     "layout 'batch:data;heads' is malformed"),
+    ("layout_plus", ["--layout=batch:data+"], "none",
+     "layout 'batch:data+' is malformed"),
+    ("layout_two_dims_one_axis", ["--layout=batch:data;length:data"], "none",
+     "would split both dimension 'batch' (size 64) and dimension 'length'"),
+    ("activation_layout_axis", ["--config.activation_layout=batch:zz"],
+     "none", "names mesh axis 'zz'"),
+    ("device_count", ["--num_virtual_cpus=2"], "none",
+     "has 8 processors but num_virtual_cpus is 2: set --num_virtual_cpus=8"),
+    ("virtual_cpus_negative", ["--num_virtual_cpus=-1"], "none",
+     "--num_virtual_cpus=-1 must be >= 0: set --num_virtual_cpus=0"),
+    ("paper_config_512_devices",
+     ["--config=" + os.path.join(CONFIGS, "mtf_lm_table2.py") + ":0.14B"],
+     "none", "mesh_shape 'rows:16;cols:32' needs 512 devices, which this run"
+     " would make as 512 virtual CPUs"),
+    ("workers_without_index",
+     ["--worker_hosts=127.0.0.1:7001,127.0.0.1:7002"], "none",
+     "--worker_hosts names 2 workers but --task_index is missing"),
+    ("index_without_workers", ["--task_index=1"], "none",
+     "--task_index=1 without --worker_hosts"),
+    ("workers_placement", ["--worker_hosts=127.0.0.1:7001,127.0.0.1:7002",
+                           "--task_index=0", "--backend=placement"], "none",
+     "backend='placement' cannot span 2 worker processes: use "
+     "--backend=simd"),
+    # config files
+    ("config_without_get_config", ["--config={files}/noconf.py"], "none",
+     "noconf.py defines no get_config(): a config file is a Python file"),
+    ("config_folder", ["--config={files}/folder"], "none",
+     "folder is a directory: pass a config file"),
+    ("config_missing", ["--config={files}/none.py"], "none",
+     "none.py does not exist"),
+    ("config_syntax", ["--config={files}/syntax.py"], "none",
+     "syntax.py is not a Python file"),
+    ("config_raises", ["--config=" + os.path.join(
+        CONFIGS, "mtf_lm_table2.py") + ":9B"], "none",
+     "row '9B' is not one of"),
+    # data and prompt files
+    ("data_missing", ["--config.task.data_files={files}/missing.txt"],
+     "none", "data file {files}/missing.txt does not exist"),
+    ("data_not_utf8", ["--config.task.data_files={files}/latin1.txt"],
+     "none", "data file {files}/latin1.txt is not UTF-8 text: byte 0xe9 at "
+     "line 2 (byte offset 11)"),
+    ("data_empty", ["--config.task.data_files={files}/empty.txt"], "none",
+     "data file {files}/empty.txt is empty"),
+    ("data_blank", ["--config.task.data_files={files}/blank.txt"], "none",
+     "data file {files}/blank.txt is empty"),
+    ("data_folder", ["--config.task.data_files={files}/folder"], "none",
+     "data file {files}/folder is a folder, not a text file"),
+    ("eval_data_not_utf8", ["--config.task.data_files={files}/bad_token.txt",
+                            "--config.task.eval_data_files="
+                            "{files}/latin1.txt"], "none",
+     "--config.task.eval_data_files"),
+    ("prompts_not_utf8", ["--mode=decode",
+                          "--config.decode_prompts_file={files}/latin1.txt"],
+     "none", "decode prompt file {files}/latin1.txt is not UTF-8 text"),
+    ("prompts_bad_token", ["--mode=decode", "--config.decode_prompts_file="
+                           "{files}/bad_token.txt"], "none",
+     "line 1 '5 9 400': copy prompts are token ids in 3..15"),
+    ("prompts_missing", ["--mode=decode", "--config.decode_prompts_file="
+                         "{files}/none.txt"], "none",
+     "decode prompt file {files}/none.txt does not exist"),
+    ("prompts_folder", ["--mode=decode", "--config.decode_prompts_file="
+                        "{files}/folder"], "none", "is a folder"),
+    # model_dir
+    ("eval_without_checkpoint", ["--mode=eval"], "none",
+     "no checkpoint in {model_dir} to eval: run --mode=train"),
+    ("export_without_checkpoint", ["--mode=export"], "none",
+     "no checkpoint in {model_dir} to export"),
+    ("model_dir_is_a_file", [], "file",
+     "--model_dir={model_dir} is a file, not a directory"),
+    ("eval_model_dir_is_a_file", ["--mode=eval"], "file",
+     "--model_dir={model_dir} is a file, not a directory"),
+    ("model_dir_under_a_file", ["--model_dir={files}/latin1.txt/sub"],
+     "none", "cannot create --model_dir={files}/latin1.txt/sub: "
+     "{files}/latin1.txt is a file"),
+    ("model_dir_read_only", [], "readonly",
+     "--model_dir={model_dir} is not writable"),
+    ("model_dir_in_use", [], "locked",
+     "--model_dir={model_dir} is in use by another training run (pid %d"
+     % os.getpid()),
+    ("config_conflicts_with_model_dir",
+     ["--config=" + os.path.join(CONFIGS, "moe_tiny.py")], "trained",
+     "does not match the model {model_dir} was trained with: "
+     "moe.num_experts 4 here vs 0 in config.json"),
+    ("override_conflicts_with_model_dir",
+     ["NO_CONFIG", "--mode=eval", "--config.d_model=64"], "trained",
+     "d_model 64 here vs 32 in config.json"),
+    ("broken_config_json", ["NO_CONFIG", "--mode=eval"], "broken_config",
+     "{model_dir}/config.json is broken"),
+    ("unknown_key_in_config_json", ["NO_CONFIG", "--mode=eval"],
+     "unknown_key_config", "config.json has unknown key 'd_modle'"),
+    ("every_checkpoint_damaged", [], "damaged",
+     "no intact checkpoint in {model_dir}: ckpt-5 is damaged (meta.json is "
+     "broken"),
+    ("eval_every_checkpoint_damaged", ["--mode=eval"], "damaged",
+     "ckpt-3 is damaged (meta.json is missing)"),
+]
+
+
+def _snapshot(path):
+  """Every file under path with its bytes' digest (None: no such path)."""
+  if not os.path.lexists(path):
+    return None
+  if not os.path.isdir(path):
+    with open(path, "rb") as f:
+      return hashlib.sha1(f.read()).hexdigest()
+  out = {}
+  for root, dirs, names in os.walk(path):
+    for name in dirs + names:
+      full = os.path.join(root, name)
+      rel = os.path.relpath(full, path)
+      if os.path.isdir(full):
+        out[rel + "/"] = None
+      else:
+        with open(full, "rb") as f:
+          out[rel] = hashlib.sha1(f.read()).hexdigest()
+  return out
+
+
+def _command(flags, model_dir):
+  flags = list(flags)
+  argv = ["meshtf.train"]
+  if flags and flags[0] == "NO_CONFIG":
+    flags = flags[1:]
+  elif not any(f.startswith("--config=") for f in flags):
+    argv.append("--config=" + LM_TINY)
+  if not any(f.startswith("--model_dir=") for f in flags):
+    argv.append("--model_dir=" + model_dir)
+  return argv + flags
+
+
+@pytest.mark.parametrize("case,flags,state,expected", CASES,
+                         ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_nothing_written(
+    case, flags, state, expected, files, tmp_path, monkeypatch):
+  model_dir = str(tmp_path / "model")
+  STATES[state](tmp_path / "model")
+  if state == "readonly":   # root may write anyway: ask as a user would
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if os.path.abspath(
+        p) == model_dir and mode & os.W_OK else real_access(p, mode))
+  fill = lambda s: s.format(files=files, model_dir=model_dir)  # noqa: E731
+  before = _snapshot(model_dir)
+  out, err = io.StringIO(), io.StringIO()
+  code = main.run_command(_command([fill(f) for f in flags], model_dir),
+                          out=out, err=err)
+  lines = err.getvalue().splitlines()
+  assert code == 2, (case, err.getvalue(), out.getvalue()[-2000:])
+  assert len(lines) == 1 and lines[0].startswith("meshtf.train: error: "), (
+      case, lines)
+  assert fill(expected) in lines[0], (case, lines[0])
+  assert not out.getvalue(), case
+  assert _snapshot(model_dir) == before, case
+
+
+def test_the_catalogue_covers_the_issue():
+  """Every case the issue lists is in the catalogue (by id)."""
+  ids = {c[0] for c in CASES}
+  assert {"data_not_utf8", "prompts_not_utf8", "data_empty", "data_folder",
+          "model_dir_is_a_file", "model_dir_read_only", "mesh_zero",
+          "virtual_cpus_negative", "config_without_get_config",
+          "train_steps_flag", "paper_config_512_devices", "model_dir_in_use",
+          "config_conflicts_with_model_dir", "every_checkpoint_damaged",
+          } <= ids
+  assert len(ids) == len(CASES)
+
+
+# --- as a user sees it: real processes ----------------------------------------
+def test_a_real_process_prints_exactly_one_line(files, tmp_path):
+  """No TensorFlow start-up lines (oneDNN, CUDA, cuInit...): stderr is the
+  error line and nothing else; stdout is empty. TF_CPP_MIN_LOG_LEVEL is
+  left unset, as a user's shell has it."""
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+  cases = [
+      (["--mesh_shape=data:0;model:2"], "axis 'data' has size 0"),
+      (["--config.task.data_files=%s/latin1.txt" % files],
+       "is not UTF-8 text"),
+      (["--model_dir=%s/latin1.txt" % files], "is a file, not a directory"),
+      (["--config=%s/noconf.py" % files], "defines no get_config()"),
+  ]
+  procs = []
+  for i, (flags, _) in enumerate(cases):
+    model_dir = str(tmp_path / ("m%d" % i))
+    procs.append((model_dir, subprocess.Popen(
+        [sys.executable, "-m", "meshtf.train"] + _command(flags, model_dir)[1:],
+        cwd=str(tmp_path), env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)))
+  for (flags, expected), (model_dir, proc) in zip(cases, procs):
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2, (flags, err)
+    assert err.count("\n") == 1 and err.startswith("meshtf.train: error: "), (
+        flags, err)
+    assert expected in err and not out, (flags, err, out)
+    assert not os.path.exists(model_dir)
+
+
+# --- the parsers, fuzzed ------------------------------------------------------
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+_SHAPE_LIKE = st.lists(st.tuples(
+    st.sampled_from(["data", "model", "x", "", "a b", "+", "x+y"]),
+    st.sampled_from([":", "", "::", "="]),
+    st.sampled_from(["0", "1", "2", "4", "-3", "x", "", "99999999999"])),
+    max_size=4).map(lambda parts: st_join(parts))
+
+
+def st_join(parts):
+  return ";".join("%s%s%s" % p for p in parts)
+
+
+def _one_line_problems(error):
+  assert error.problems, error
+  for problem in error.problems:
+    assert problem and "\n" not in problem, problem
+
+
+@settings(max_examples=60, deadline=None)
+@given(mesh_shape=st.one_of(_TEXT, _SHAPE_LIKE),
+       layout=st.one_of(_TEXT, _SHAPE_LIKE))
+def test_mesh_shapes_and_layouts_parse_or_say_why(mesh_shape, layout):
+  c = config_lib.default_config()
+  c.mesh_shape, c.layout = mesh_shape, layout
+  c.num_virtual_cpus = 0
+  try:
+    layout_ = config_lib.mesh_layout(c)
+  except config_lib.ConfigError as e:
+    _one_line_problems(e)
+  else:
+    assert layout_.size >= 1
+
+
+_KEYS = config_lib._flat_keys(config_lib.default_config())
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(overrides=st.lists(st.tuples(st.sampled_from(_KEYS), st.one_of(
+    _TEXT, st.integers(-10, 10**6).map(str), st.sampled_from(
+        ["True", "0.5", "-1e30", "nan", "data:4;model:2", "", "[1]"]))),
+    min_size=1, max_size=3))
+def test_config_overrides_give_a_value_or_one_line(overrides, tmp_path):
+  """Any --config.<key>=<value> through the binary's parser: --mode=eval on
+  an empty model_dir always stops before TensorFlow work, so every run
+  ends with exit code 2 and one line -- never a traceback."""
+  argv = ["meshtf.train", "--mode=eval",
+          "--model_dir=" + str(tmp_path / "never")]
+  argv += ["--config.%s=%s" % (k, v) for k, v in overrides]
+  err = io.StringIO()
+  code = main.run_command(argv, out=io.StringIO(), err=err)
+  lines = err.getvalue().splitlines()
+  assert code == 2 and len(lines) >= 1, (argv, err.getvalue())
+  assert all(l.startswith("meshtf.train: error: ") for l in lines), lines
+  assert not os.path.exists(str(tmp_path / "never"))
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.one_of(st.binary(max_size=60), _TEXT.map(
+    lambda t: t.encode("utf-8")), st.lists(st.lists(
+        st.integers(-2, 20), max_size=8), max_size=4).map(
+            lambda rows: "\n".join(" ".join(map(str, r)) for r in rows
+                                   ).encode())))
+def test_prompt_files_parse_or_say_why(content, tmp_path_factory):
+  path = tmp_path_factory.mktemp("prompts") / "p.txt"
+  path.write_bytes(content)
+  c = config_lib.default_config()
+  c.decode_prompts_file = str(path)
+  try:
+    prompts = decode_lib.read_prompts(c, str(path.parent))
+  except decode_lib.PromptError as e:
+    assert "\n" not in str(e) and str(path) in str(e), str(e)
+  else:
+    assert prompts.count == len(prompts.lines) >= 1
