@@ -50,8 +50,8 @@ class Dimension(collections.namedtuple("Dimension", ["name", "size"])):
       ) from None
     if size < 0:
       raise ValueError(
-          "Dimension %r has negative size %d: a size is an integer >= 0 (0 is an "
-          "empty dimension), e.g. mtf.Dimension(%r, %d)" % (
+          "Dimension %r has negative size %d: a size is an integer >= 0 "
+          "(0 is an empty dimension), e.g. mtf.Dimension(%r, %d)" % (
               name, size, name, -size))
     return super().__new__(cls, name, size)
 

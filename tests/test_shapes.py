@@ -45,3 +45,42 @@ def test_shape_arithmetic():
 def test_negative_size_rejected():
   with pytest.raises(ValueError, match="negative"):
     mtf.convert_to_dimension(("x", -1))
+
+
+@pytest.mark.parametrize("name,size,expected", [
+    ("d", -4, "Dimension 'd' has negative size -4: a size is an integer >= 0"),
+    ("d", 4.0, "Dimension 'd' has size 4.0 (float): a size is an integer"),
+    ("d", None, "Dimension 'd' has size None (NoneType)"),
+    ("d", True, "Dimension 'd' has size True: a size is an integer >= 0, "
+     "not a bool"),
+    ("", 3, "Dimension name '' (size 3) must be a non-empty string"),
+    (7, 3, "Dimension name 7 (size 3) must be a non-empty string"),
+])
+def test_bad_dimensions_are_refused_when_made(name, size, expected):
+  """mtf.Dimension("d", -4) used to be accepted and fail deep in TF."""
+  with pytest.raises(ValueError) as e:
+    mtf.Dimension(name, size)
+  assert expected in str(e.value) and "\n" not in str(e.value)
+  with pytest.raises(ValueError):
+    mtf.convert_to_shape([(name, size)])
+
+
+def test_sizes_are_plain_ints_and_zero_is_an_empty_dimension():
+  import numpy as np
+  import tensorflow as tf
+  d = mtf.Dimension("x", np.int64(3))
+  assert d == ("x", 3) and type(d.size) is int and repr(d) == \
+      "Dimension(name='x', size=3)"
+  # Size 0 is legal, as in TensorFlow: reductions over it give their
+  # identity, and split over a mesh axis every processor holds nothing.
+  batch, io = mtf.Dimension("batch", 0), mtf.Dimension("io", 4)
+  for mesh_shape, layout in [("all:1", ""), ("all:4", "batch:all")]:
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "mesh")
+    x = mtf.import_tf_tensor(mesh, tf.zeros([0, 4]), mtf.Shape([batch, io]))
+    total = mtf.reduce_sum(x, reduced_dim=batch)
+    impl = mtf.SimdMeshImpl(mesh_shape, layout, mtf.virtual_cpu_devices(8)[
+        :mtf.convert_to_shape(mesh_shape).size])
+    lowering = mtf.Lowering(graph, {mesh: impl})
+    assert lowering.export_to_tf_tensor(total).numpy().tolist() == [0.0] * 4
+    assert lowering.export_to_tf_tensor(x).shape == (0, 4)

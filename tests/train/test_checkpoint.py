@@ -118,3 +118,115 @@ def test_restore_into_a_different_model_is_a_clear_error(tmp_path):
     store.restore_values(values)
   assert checkpoint.CheckpointManager(str(tmp_path / "empty")).restore(
       mtf.VariableStore()) is None
+
+
+# --- verification, fallback, repair -------------------------------------------
+def _bundle_data(path):
+  return os.path.join(path, [f for f in os.listdir(path) if ".data-" in f][0])
+
+
+def _truncate(path):
+  with open(_bundle_data(path), "r+b") as f:
+    f.truncate(10)
+
+
+def _overwrite(path):
+  with open(_bundle_data(path), "r+b") as f:
+    f.seek(8)
+    f.write(b"\xff" * 8)
+
+
+def _write(name, content):
+  def damage(path):
+    with open(os.path.join(path, name), "wb") as f:
+      f.write(content)
+  return damage
+
+
+def _remove(name):
+  return lambda path: os.remove(os.path.join(path, name))
+
+
+@pytest.mark.parametrize("damage,reason", [
+    (_truncate, "the variables bundle does not read"),
+    (_overwrite, "Checksum does not match"),
+    (_write("variables.index", b"garbage" * 9), "not an sstable"),
+    (_remove("variables.index"), "the variables bundle does not read"),
+    (_write("meta.json", b"{\"step\": 2,"), "meta.json is broken"),
+    (_write("meta.json", b"{\"step\": 2}"), "meta.json is broken: 'variables'"),
+    (_remove("meta.json"), "meta.json is missing"),
+    (_write("meta.json", b"{\"step\": 2, \"variables\": {\"nope\": {\"shape\":"
+            b" [1], \"dtype\": \"float32\"}}}"),
+     "variable 'nope' is listed in meta.json but not in the bundle"),
+])
+def test_a_damaged_checkpoint_is_named_and_skipped(damage, reason, tmp_path):
+  store = mtf.VariableStore()
+  fn = train_fn(harness.make_impl("placement", "all:1", ""), store)
+  run_steps(fn, 1)
+  manager = checkpoint.CheckpointManager(str(tmp_path), max_to_keep=5)
+  manager.save(store, 1)
+  before = all_values(store)
+  run_steps(fn, 1)
+  bad = manager.save(store, 2)
+  damage(bad)
+  found = manager.read_newest_intact()
+  assert found.step == 1 and found.path.endswith("ckpt-1")
+  assert [p for p, _ in found.damaged] == [bad]
+  assert reason in found.damaged[0][1], found.damaged[0][1]
+  assert "\n" not in found.damaged[0][1]
+  for name, value in before.items():
+    np.testing.assert_array_equal(found.values[name], value)
+  assert manager.restore(mtf.VariableStore()) == 1   # restore falls back too
+  # With no intact one left: one error naming each.
+  damage(os.path.join(str(tmp_path), "ckpt-1"))
+  with pytest.raises(checkpoint.DamagedCheckpointError) as e:
+    manager.read_newest_intact()
+  assert "ckpt-2 is damaged (" in str(e.value)
+  assert "ckpt-1 is damaged (" in str(e.value)
+
+
+def test_a_broken_index_falls_back_to_scanning(tmp_path):
+  store = mtf.VariableStore()
+  fn = train_fn(harness.make_impl("placement", "all:1", ""), store)
+  run_steps(fn, 1)
+  manager = checkpoint.CheckpointManager(str(tmp_path))
+  manager.save(store, 3)
+  for content in ("{broken", '{"latest": "../../etc"}', '["ckpt-3"]'):
+    (tmp_path / "checkpoint.json").write_text(content)
+    assert manager.latest().endswith("ckpt-3"), content
+    assert manager.read_newest_intact().step == 3
+
+
+def test_non_finite_values_are_never_saved(tmp_path):
+  store = mtf.VariableStore()
+  fn = train_fn(harness.make_impl("placement", "all:2", "hidden:all"), store)
+  run_steps(fn, 1)
+  manager = checkpoint.CheckpointManager(str(tmp_path))
+  manager.save(store, 1)
+  bad_x = X.copy()
+  bad_x[0, 0] = np.nan
+  fn(tf.constant(bad_x), tf.constant(Y))   # NaN gradients -> NaN weights
+  with pytest.raises(checkpoint.NonFiniteError) as e:
+    manager.save(store, 2)
+  assert e.value.step == 2 and e.value.name in store.names()
+  assert "not finite (NaN or Inf) at step 2" in str(e.value)
+  assert sorted(os.listdir(str(tmp_path))) == ["checkpoint.json", "ckpt-1"]
+
+
+def test_leftovers_are_removed_and_damaged_ones_moved_aside(tmp_path):
+  store = mtf.VariableStore()
+  fn = train_fn(harness.make_impl("placement", "all:1", ""), store)
+  run_steps(fn, 1)
+  manager = checkpoint.CheckpointManager(str(tmp_path))
+  path = manager.save(store, 5)
+  (tmp_path / ".tmp-ckpt-6-xyz").mkdir()
+  (tmp_path / ".tmp-ckpt-6-xyz" / "variables.index").write_text("half")
+  (tmp_path / "checkpoint.json.tmp-99").write_text("{")
+  assert manager.remove_temporary() == [".tmp-ckpt-6-xyz",
+                                        "checkpoint.json.tmp-99"]
+  assert sorted(os.listdir(str(tmp_path))) == ["checkpoint.json", "ckpt-5"]
+  moved = manager.quarantine(path)
+  assert os.path.basename(moved) == "damaged-ckpt-5"
+  assert manager.checkpoints() == [] and manager.read_newest_intact() is None
+  manager.save(store, 5)
+  assert os.path.basename(manager.quarantine(path)) == "damaged-ckpt-5.2"
