@@ -59,3 +59,133 @@ def test_layout_snippets_show_what_they_return():
       else:
         exec(compile(ast.Module([stmt], []), "README", "exec"), env)
   assert checked == 4
+
+
+# --- the training binary's commands, as written -------------------------------
+def _binary_section():
+  text = (ROOT / "README.md").read_text()
+  return text.split("## The training binary and config files", 1)[1].split(
+      "\n## ", 1)[0]
+
+
+def binary_commands():
+  """The section's first indented block: one argv list per command
+  (continuation lines joined, comments dropped)."""
+  import shlex
+  block = []
+  for line in _binary_section().splitlines():
+    if line.startswith("    "):
+      block.append(line.strip())
+    elif block and line.strip():
+      break
+  commands, pending = [], ""
+  for line in block:
+    pending += line
+    if pending.endswith("\\"):
+      pending = pending[:-1] + " "
+      continue
+    commands.append(shlex.split(pending, comments=True))
+    pending = ""
+  return commands
+
+
+def test_the_readme_shows_six_binary_commands():
+  cmds = binary_commands()
+  assert len(cmds) == 6, cmds
+  assert cmds[0][3:] == ["--config=t2t_configs/lm_tiny.py",
+                         "--model_dir=/tmp/lm"]
+  assert "--config.decode_prompts_file=t2t_configs/lm_tiny_prompts.txt" in \
+      cmds[4]
+  # The prompt file shown is the one shipped.
+  shown = _binary_section().split("for text data, a line of text:", 1)[1]
+  shown = shown.split("\n\n")[1]
+  assert [l.strip() for l in shown.splitlines()] == (
+      ROOT / "t2t_configs" / "lm_tiny_prompts.txt").read_text().splitlines()
+
+
+def _in_tmp(argv, tmp):
+  return [a.replace("/tmp/", str(tmp) + "/") for a in argv]
+
+
+def test_binary_commands_and_savedmodel_snippet_work_as_written(
+    tmp_path, monkeypatch):
+  """Every command of the README's binary section from the repository root,
+  /tmp/ meaning this test's directory: the first in a fresh process (its
+  first screen is the header, no TensorFlow start-up lines), the others
+  through the binary's main in this process (a TF start-up each would cost
+  seconds). Then the README's SavedModel snippet on the export."""
+  import io
+  import os
+  import subprocess
+  import sys
+  from meshtf.train import main
+  cmds = binary_commands()
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+  first = subprocess.run([sys.executable] + _in_tmp(cmds[0], tmp_path)[1:],
+                         cwd=str(ROOT), env=env, capture_output=True,
+                         text=True, timeout=600)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert first.stderr == "", first.stderr[-3000:]
+  head = first.stdout.splitlines()
+  assert head[0] == "=" * 72 and head[1].startswith("meshtf.train: lm, "), head
+  assert "final eval accuracy" in first.stdout and "REACHED" in first.stdout
+  monkeypatch.chdir(str(ROOT))
+  for argv in cmds[1:]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main.run_command(["meshtf.train"] + _in_tmp(argv, tmp_path)[3:],
+                            out=out, err=err)
+    assert code == 0 and err.getvalue() == "", (argv, err.getvalue())
+    assert out.getvalue().strip(), argv
+  decodes = tmp_path / "lm" / ("decodes-%d.txt" % _trained_step(
+      tmp_path / "lm"))
+  prompts = (ROOT / "t2t_configs" / "lm_tiny_prompts.txt").read_text()
+  assert decodes.read_text() == prompts   # lm_tiny copies its prompts
+  snippet = _binary_section().split("```python", 1)[1].split("```", 1)[0]
+  snippet = snippet.replace("/tmp/", str(tmp_path) + "/")
+  r = subprocess.run([sys.executable, "-c", snippet], capture_output=True,
+                     text=True, timeout=300, cwd=str(tmp_path), env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  # The decoded rows printed are the ones the comment shows (numpy's
+  # spacing aside): each prompt, its copy and EOS (1).
+  import re
+  want = snippet.split("[:, :8])", 1)[1].split("# ", 1)[1].splitlines()[0]
+  printed = " ".join(r.stdout.splitlines()[:2])
+  assert re.findall(r"\d+", printed) == re.findall(r"\d+", want), (
+      printed, want)
+
+
+def _trained_step(model_dir):
+  import json
+  with open(model_dir / "checkpoint.json") as f:
+    return int(json.load(f)["latest"].split("-")[1])
+
+
+def test_quickstart_and_example_commands_in_fresh_processes(tmp_path):
+  """`python -m meshtf.train` (the Quickstart's, with the temp dir in
+  tmp_path) and `python -m meshtf.examples.two_layer` as written: exit 0,
+  nothing on stderr, the four layouts compared."""
+  import os
+  import subprocess
+  import sys
+  text = (ROOT / "README.md").read_text()
+  quickstart = quickstart_commands()[0].split(" && ", 1)[1]
+  example = text.split("collective counts is\n`", 1)[1].split("`", 1)[0]
+  assert (quickstart, example) == ("python -m meshtf.train",
+                                   "python -m meshtf.examples.two_layer")
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+  env["TMPDIR"] = str(tmp_path)   # the default model_dir goes there
+  procs = [subprocess.Popen([sys.executable] + cmd.split()[1:],
+                            cwd=str(tmp_path), env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+           for cmd in (quickstart, example)]
+  (q_out, q_err), (e_out, e_err) = [p.communicate(timeout=600)
+                                    for p in procs]
+  assert [p.returncode for p in procs] == [0, 0], (q_err[-2000:],
+                                                   e_err[-2000:])
+  assert q_err == "" and e_err == "", (q_err[-2000:], e_err[-2000:])
+  assert "final eval accuracy" in q_out and "REACHED" in q_out, q_out[-2000:]
+  assert (tmp_path / "meshtf_train" / "default" / "config.json").exists()
+  assert e_out.count("\n== ") + e_out.startswith("== ") == 4, e_out
+  assert "every layout: the same 20 losses up to" in e_out, e_out
