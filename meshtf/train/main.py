@@ -287,8 +287,8 @@ def check_checkpoint(config, model_dir, mode, found=None):
     if v.name not in saved:
       raise UsageError(
           "checkpoint %s has no variable %r that this config's model has: it "
-          "was trained with another config; use a new --model_dir" % (
-              latest, v.name))
+          "was trained with another config: pass that --config, or use a "
+          "new --model_dir for this one" % (latest, v.name))
     if list(saved[v.name]["shape"]) != v.shape.to_integer_list:
       raise UsageError(
           "checkpoint %s has variable %r with shape %s but this config's "
@@ -299,8 +299,9 @@ def check_checkpoint(config, model_dir, mode, found=None):
     extra = sorted(set(saved) - {v.name for v in graph.all_variables})
     if extra:
       raise UsageError("checkpoint %s has variables this config's model "
-                       "lacks (%s...): it was trained with another config; "
-                       "use a new --model_dir" % (latest, extra[0]))
+                       "lacks (%s...): it was trained with another config: "
+                       "pass that --config, or use a new --model_dir for "
+                       "this one" % (latest, extra[0]))
   return found
 
 
@@ -340,15 +341,19 @@ def _check_device_count(config, mesh_layout, workers):
   per_process = mesh_layout.size // (workers.num_workers if workers else 1)
   if config.num_virtual_cpus or per_process <= MAX_VIRTUAL_CPUS:
     return
+  # A planning mode (memory and step time without devices), where the
+  # binary has one, is the place to look at such a config here.
+  plan = ("; --mode=plan reports its memory and step time without devices"
+          if "plan" in config_lib.MODES else "")
   raise config_lib.ConfigError([
       "mesh_shape %r needs %d devices, which this run would make as %d "
       "virtual CPUs on %d CPU cores (minutes per step; more than %d are "
       "not made unasked): run it where %d devices are (--worker_hosts), "
       "shrink it (--mesh_shape), or pass --num_virtual_cpus=%d to try; the "
-      "config and its layout are valid (checked without devices)" % (
+      "config and its layout are valid (checked without devices)%s" % (
           str(config.mesh_shape), mesh_layout.size, per_process,
           os.cpu_count() or 1, MAX_VIRTUAL_CPUS, mesh_layout.size,
-          mesh_layout.size)])
+          mesh_layout.size, plan)])
 
 
 def prepare(config, model_dir, mode, workers=None, devices=None,

@@ -101,6 +101,18 @@ def _state_damaged(d):
   (d / "ckpt-3").mkdir()
 
 
+def _state_foreign_checkpoint(d):
+  """An intact checkpoint of another model, and no config.json."""
+  import tensorflow as tf
+  (d / "ckpt-7").mkdir(parents=True)
+  tf.raw_ops.SaveV2(prefix=str(d / "ckpt-7" / "variables"),
+                    tensor_names=["w"], shape_and_slices=[""],
+                    tensors=[tf.zeros([2, 3])])
+  (d / "ckpt-7" / "meta.json").write_text(json.dumps(
+      {"format": 1, "step": 7, "extra": {},
+       "variables": {"w": {"shape": [2, 3], "dtype": "float32"}}}))
+
+
 def _state_file(d):
   d.write_text("not a directory\n")
 
@@ -114,6 +126,7 @@ STATES = {"none": lambda d: None, "trained": _state_trained,
           "locked": _state_locked, "broken_config": _state_broken_config,
           "unknown_key_config": _state_unknown_key_config,
           "damaged": _state_damaged, "file": _state_file,
+          "foreign_checkpoint": _state_foreign_checkpoint,
           "readonly": _state_readonly}
 
 # (case id, flags ({files} and {model_dir} are filled in), model_dir state,
@@ -242,6 +255,11 @@ CASES = [
      "broken"),
     ("eval_every_checkpoint_damaged", ["--mode=eval"], "damaged",
      "ckpt-3 is damaged (meta.json is missing)"),
+    ("checkpoint_of_another_model", ["NO_CONFIG", "--mode=eval"],
+     "foreign_checkpoint", "{model_dir}/ckpt-7 has no variable 'decoder/"),
+    ("train_on_a_checkpoint_of_another_model", [], "foreign_checkpoint",
+     "it was trained with another config: pass that --config, or use a new "
+     "--model_dir"),
 ]
 
 

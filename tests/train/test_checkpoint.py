@@ -40,6 +40,16 @@ def all_values(store):
   return {n: store.full_value(n) for n in store.names()}
 
 
+def trained_store(mesh_shape="all:1", layout="", max_to_keep=3,
+                  directory=None):
+  """(store, step function, manager of directory) after one step."""
+  store = mtf.VariableStore()
+  fn = train_fn(harness.make_impl("placement", mesh_shape, layout), store)
+  run_steps(fn, 1)
+  return store, fn, checkpoint.CheckpointManager(str(directory),
+                                                 max_to_keep=max_to_keep)
+
+
 def test_save_on_one_layout_restore_bit_equal_on_others(tmp_path):
   store = mtf.VariableStore()
   fn = train_fn(harness.make_impl("simd", "rows:2;cols:4",
@@ -160,10 +170,7 @@ def _remove(name):
      "variable 'nope' is listed in meta.json but not in the bundle"),
 ])
 def test_a_damaged_checkpoint_is_named_and_skipped(damage, reason, tmp_path):
-  store = mtf.VariableStore()
-  fn = train_fn(harness.make_impl("placement", "all:1", ""), store)
-  run_steps(fn, 1)
-  manager = checkpoint.CheckpointManager(str(tmp_path), max_to_keep=5)
+  store, fn, manager = trained_store(max_to_keep=5, directory=tmp_path)
   manager.save(store, 1)
   before = all_values(store)
   run_steps(fn, 1)
@@ -186,10 +193,7 @@ def test_a_damaged_checkpoint_is_named_and_skipped(damage, reason, tmp_path):
 
 
 def test_a_broken_index_falls_back_to_scanning(tmp_path):
-  store = mtf.VariableStore()
-  fn = train_fn(harness.make_impl("placement", "all:1", ""), store)
-  run_steps(fn, 1)
-  manager = checkpoint.CheckpointManager(str(tmp_path))
+  store, _, manager = trained_store(directory=tmp_path)
   manager.save(store, 3)
   for content in ("{broken", '{"latest": "../../etc"}', '["ckpt-3"]'):
     (tmp_path / "checkpoint.json").write_text(content)
@@ -198,10 +202,8 @@ def test_a_broken_index_falls_back_to_scanning(tmp_path):
 
 
 def test_non_finite_values_are_never_saved(tmp_path):
-  store = mtf.VariableStore()
-  fn = train_fn(harness.make_impl("placement", "all:2", "hidden:all"), store)
-  run_steps(fn, 1)
-  manager = checkpoint.CheckpointManager(str(tmp_path))
+  store, fn, manager = trained_store("all:2", "hidden:all",
+                                     directory=tmp_path)
   manager.save(store, 1)
   bad_x = X.copy()
   bad_x[0, 0] = np.nan
@@ -214,10 +216,7 @@ def test_non_finite_values_are_never_saved(tmp_path):
 
 
 def test_leftovers_are_removed_and_damaged_ones_moved_aside(tmp_path):
-  store = mtf.VariableStore()
-  fn = train_fn(harness.make_impl("placement", "all:1", ""), store)
-  run_steps(fn, 1)
-  manager = checkpoint.CheckpointManager(str(tmp_path))
+  store, _, manager = trained_store(directory=tmp_path)
   path = manager.save(store, 5)
   (tmp_path / ".tmp-ckpt-6-xyz").mkdir()
   (tmp_path / ".tmp-ckpt-6-xyz" / "variables.index").write_text("half")
