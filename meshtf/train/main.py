@@ -83,7 +83,12 @@ def define_flags(flag_values=FLAGS, argv=None):
   this module defines none, so it can be used as a library). argv (default
   sys.argv) is where ml_collections finds the --config.<key> overrides.
   Raises UsageError (one line) for a config file without get_config() or an
-  unknown --config.<key>."""
+  unknown --config.<key>.
+
+  Example:
+    >>> flag_values = flags.FlagValues()
+    >>> define_flags(flag_values, ["meshtf.train", "--mode=eval"])
+  """
   if "config" in flag_values:
     return
   argv = sys.argv if argv is None else argv
@@ -184,7 +189,12 @@ def _unknown_key(key):
 def parse_flags(argv, flag_values=FLAGS):
   """Parses argv into flag_values; returns the arguments left. A bad flag
   or config file raises UsageError with one line (absl's own parser prints
-  two and a usage hint)."""
+  two and a usage hint).
+
+  Example:
+    >>> parse_flags(["meshtf.train", "--mode=eval"], flag_values)
+    ['meshtf.train']
+  """
   try:
     return flag_values(argv)
   except flags.UnrecognizedFlagError as e:
@@ -220,7 +230,13 @@ def resolve_config(flag_values=FLAGS):
   with its overrides; else model_dir's config.json with the overrides on
   top; else the default experiment. `source` says which (for messages);
   `flag_names` maps the config keys set on the command line to the flag
-  that set them."""
+  that set them.
+
+  Example:
+    >>> config, model_dir, source, names = resolve_config(flag_values)
+    >>> source, names      # for --mode=eval --model_dir=/tmp/lm --seed=3
+    ('the config of /tmp/lm (config.json)', {'seed': '--seed'})
+  """
   config_flag = flag_values["config"]
   given = config_flag.present
   path = config_flags.get_config_filename(config_flag)
@@ -324,17 +340,6 @@ def _check_config_matches(config, model_dir, source):
             source, model_dir, "; ".join(conflicts)))
 
 
-def _check_lock_free(model_dir):
-  """Fails early (before reading checkpoints) when a live run trains in
-  model_dir; the lock itself is taken after every check."""
-  lock = model_dir_lib.ModelDirLock(model_dir)
-  text, owner = model_dir_lib._read_lock(lock.path)
-  if text is not None and owner is not None and \
-      model_dir_lib._owner_alive(owner):
-    raise UsageError(model_dir_lib._in_use_message(model_dir, lock.path,
-                                                   owner))
-
-
 def _check_device_count(config, mesh_layout, workers):
   """A mesh the binary would run as more than MAX_VIRTUAL_CPUS virtual CPUs
   per process (a paper config on this machine) is refused."""
@@ -362,7 +367,13 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   configured: the config (layout and data files included), model_dir,
   the prompt file, a run already training there, the config model_dir
   was trained with, the newest intact checkpoint, the workers and the
-  device count. Returns (mesh_layout, IntactCheckpoint or None, prompts)."""
+  device count. Returns (mesh_layout, IntactCheckpoint or None, prompts).
+
+  Example:
+    >>> layout, found, prompts = prepare(config, "/tmp/lm", "eval")
+    >>> found.step
+    225
+  """
   from meshtf.train import decode as decode_lib
   from meshtf.train import workers as workers_lib
   mesh_layout = config_lib.validate(config, flag_names=flag_names)
@@ -376,7 +387,8 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   prompt_set = (decode_lib.read_prompts(config, model_dir)
                 if mode == "decode" else None)
   if mode == "train" and (workers is None or workers.is_chief):
-    _check_lock_free(model_dir)   # the chief locks; other workers write not
+    # The chief locks; other workers write nothing.
+    model_dir_lib.check_not_in_use(model_dir)
   _check_config_matches(config, model_dir, source)
   found = check_checkpoint(config, model_dir, mode)
   problems = workers_lib.problems(config, mesh_layout, workers, mode)
@@ -509,7 +521,12 @@ _PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
 def run_with_flags(flag_values=FLAGS, argv=(), out=None, err=None,
                    progress=None):
   """Runs the parsed command line; returns the exit code (0, 1 diverged,
-  2 bad input), every expected error printed as one line to err."""
+  2 bad input), every expected error printed as one line to err.
+
+  Example:
+    >>> run_with_flags(FLAGS, ["meshtf.train"])   # after parse_flags
+    0
+  """
   err = err or sys.stderr
   try:
     if len(argv) > 1:

@@ -150,6 +150,22 @@ class ModelDirLock(object):
     self.release()
 
 
+def check_not_in_use(model_dir):
+  """Raises UsageError when a live run holds model_dir's lock (reads only:
+  a run fails on this before reading checkpoints; it takes the lock itself
+  after every check).
+
+  Example:
+    >>> check_not_in_use("/tmp/lm")
+    Traceback (most recent call last):
+    UsageError: --model_dir=/tmp/lm is in use by another training run ...
+  """
+  path = os.path.join(model_dir, LOCK_FILE)
+  text, owner = _read_lock(path)
+  if text is not None and owner is not None and _owner_alive(owner):
+    raise errors.UsageError(_in_use_message(model_dir, path, owner))
+
+
 def _this_owner():
   return {"pid": os.getpid(), "host": socket.gethostname(),
           "process_start": _process_start(os.getpid()),
@@ -360,5 +376,5 @@ def _get(config, dotted):
 
 
 __all__ = ["LOCK_FILE", "CONFIG_FILE", "MODEL_KEYS", "check_writable",
-           "check_not_a_file", "ModelDirLock", "clean_leftovers",
+           "check_not_a_file", "check_not_in_use", "ModelDirLock", "clean_leftovers",
            "read_config", "write_config", "config_conflicts"]

@@ -189,7 +189,12 @@ def check_finite(record, step, config, saved_step):
 
 def diverged_message(step, what, config, saved_step):
   """One line: the step, what is not finite, the likely causes in this
-  config and their fixes, and what model_dir still holds."""
+  config and their fixes, and what model_dir still holds.
+
+  Example:
+    >>> diverged_message(37, "the loss is nan", config, 25)
+    'training diverged at step 37: the loss is nan; likely causes: ...'
+  """
   causes = ["learning_rate %g is too high" % config.learning_rate]
   fixes = ["lower --config.learning_rate"]
   if not config.clip_gradient_norm:
@@ -219,7 +224,11 @@ def _save(session, step, config, saved_step):
 # --- what is printed ----------------------------------------------------------
 def print_header(session, start_step):
   """The run's header, before tracing: model, task, mesh, layout,
-  parameters per device (from the symbolic graph), workers, model_dir."""
+  parameters per device (from the symbolic graph), workers, model_dir.
+
+  Example:
+    >>> print_header(session, start_step=0)   # "model_dir: /tmp/m (new)"
+  """
   from meshtf.train import experiment
   config, log = session.config, session.log
   graph, _ = experiment.build_training_graph(config, session.mesh_layout)
@@ -269,7 +278,12 @@ def print_header(session, start_step):
 
 
 def print_first_step(session, step_fn, first_step_s):
-  """After the first step: its time and the collectives per step."""
+  """After the first step: its time and the collectives per step.
+
+  Example:
+    >>> print_first_step(session, step_fn, 8.8)
+    # first step (trace + lowering + run): 8.8 s, then the table
+  """
   log = session.log
   log("first step (trace + lowering + run): %.1f s" % first_step_s)
   log("collectives per step:")
