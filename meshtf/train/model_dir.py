@@ -376,5 +376,6 @@ def _get(config, dotted):
 
 
 __all__ = ["LOCK_FILE", "CONFIG_FILE", "MODEL_KEYS", "check_writable",
-           "check_not_a_file", "check_not_in_use", "ModelDirLock", "clean_leftovers",
+           "check_not_a_file", "check_not_in_use", "ModelDirLock",
+           "clean_leftovers",
            "read_config", "write_config", "config_conflicts"]

@@ -30,7 +30,8 @@ import re
 import sys
 import tempfile
 
-PROGRAMS = ("meshtf.train", "meshtf.train.__main__", "meshtf.examples.two_layer")
+PROGRAMS = ("meshtf.train", "meshtf.train.__main__",
+            "meshtf.examples.two_layer")
 
 # The lines TensorFlow writes while it loads and creates devices.
 _NOISE = re.compile(

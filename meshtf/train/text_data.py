@@ -63,7 +63,8 @@ def text_file_problem(path, what, fix):
   except OSError as e:
     return "%s %s cannot be read (%s): %s" % (what, path, e.strerror, fix)
   if blank:
-    return "%s %s is empty (no non-blank line): pass files with text, e.g. "           "%s" % (what, path, fix)
+    return ("%s %s is empty (no non-blank line): pass files with text, e.g. "
+            "%s" % (what, path, fix))
   return None
 
 
