@@ -32,14 +32,16 @@ class PlanReport(object):
 
   Attributes:
     mesh_layout, hardware, accounting (plan/accounting.py),
-    collectives: the traced program's collective_stats().
+    collectives: the traced program's collective_stats(),
+    graph_layout: every tensor's layout (layouts/assignment.py).
   """
 
-  def __init__(self, mesh_layout, hw, acc, collectives):
+  def __init__(self, mesh_layout, hw, acc, collectives, graph_layout=None):
     self.mesh_layout = mesh_layout
     self.hardware = hw
     self.accounting = acc
     self.collectives = collectives
+    self.graph_layout = graph_layout
 
   def compute_seconds(self):
     hw = self.hardware
@@ -153,4 +155,4 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
                              notional_devices(mesh_layout.size))
     collectives = lowering_lib.Lowering(graph, {mesh: impl}, launch=False,
                                         outputs=[]).collective_stats()
-  return PlanReport(mesh_layout, hw, acc, collectives)
+  return PlanReport(mesh_layout, hw, acc, collectives, graph_layout)

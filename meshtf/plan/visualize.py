@@ -30,6 +30,12 @@ def _cell(mesh_layout, shape, pnum, abbrevs):
   return " ".join(parts) or "all"
 
 
+def _shown(n, limit=8):
+  """Indices of a grid axis of n to draw: all, or the first 4 and the last
+  (None stands for the ones left out)."""
+  return list(range(n)) if n <= limit else [0, 1, 2, 3, None, n - 1]
+
+
 def visualize_layout(tensor_or_shape, mesh_layout, lowering=None):
   """A text picture of a tensor's layout: one cell per processor (a grid
   for 1-D and 2-D meshes, one line per processor otherwise), naming the
@@ -70,10 +76,15 @@ def visualize_layout(tensor_or_shape, mesh_layout, lowering=None):
   col_name = mesh.dims[-1].name
   row_name = mesh.dims[0].name if mesh.ndims == 2 else ""
   label = len(row_name) + 6
+
+  def at(j, text):
+    return ("..." if j is None else text).ljust(width)
   lines = [title, " " * label + "".join(
-      ("%s=%d" % (col_name, j)).ljust(width) for j in range(cols))]
-  for i in range(rows):
-    head = ("%s=%d" % (row_name, i)) if row_name else ""
+      at(j, "%s=%s" % (col_name, j)) for j in _shown(cols))]
+  for i in _shown(rows) if rows > 1 else [0]:
+    head = ("..." if i is None else "%s=%d" % (row_name, i)) if row_name \
+        else ""
     lines.append(head.ljust(label) + "".join(
-        cells[i * cols + j].ljust(width) for j in range(cols)))
+        at(j, "" if i is None else cells[i * cols + (j or 0)])
+        for j in _shown(cols)))
   return "\n".join(line.rstrip() for line in lines)

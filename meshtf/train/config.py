@@ -31,7 +31,7 @@ BACKENDS = ("placement", "simd")
 OPTIMIZERS = ("adam", "adafactor", "sgd", "momentum")
 SCHEDULES = ("constant", "rsqrt", "linear")
 GATINGS = ("top_2", "switch")
-MODES = ("train", "eval", "decode", "export")
+MODES = ("train", "eval", "decode", "export", "plan")
 DECODE_METHODS = ("cached", "recompute")
 DECODE_STRATEGIES = ("greedy", "sample", "beam")
 
@@ -154,6 +154,8 @@ def default_config():
   c.decode_top_k = 0           # sample: among the k likeliest (0: all)
   c.decode_beam_size = 4       # beam
   c.decode_alpha = 0.6         # beam: GNMT length penalty exponent
+  c.plan_hardware = "cpu"      # --mode=plan's hardware model: cpu (this
+  #                              machine), tpuv3 or h100_8x_node
   c.decode_prompts_file = ""   # prompts, one per line (synthetic task: token
   #                              ids; text data: text); "": held-out data
   c.decode_output_file = ""    # decodes of the prompts file ("":
@@ -304,6 +306,10 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
   need(config.decode_method in DECODE_METHODS, "decode_method=%r is "
        "unknown: use --config.decode_method=cached or recompute"
        % config.decode_method)
+  from meshtf.plan import hardware as hardware_lib
+  need(config.plan_hardware in hardware_lib.HARDWARE, "plan_hardware=%r is "
+       "not a hardware model: use --config.plan_hardware=%s" % (
+           config.plan_hardware, " | ".join(sorted(hardware_lib.HARDWARE))))
   need(config.decode_strategy in DECODE_STRATEGIES, "decode_strategy=%r is "
        "unknown: use --config.decode_strategy=%s" % (
            config.decode_strategy, " | ".join(DECODE_STRATEGIES)))

@@ -377,7 +377,7 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   from meshtf.train import decode as decode_lib
   from meshtf.train import workers as workers_lib
   mesh_layout = config_lib.validate(config, flag_names=flag_names)
-  writes = mode in ("train", "export") or (
+  writes = mode in ("train", "export", "plan") or (
       mode == "decode" and config.decode_prompts_file and
       not config.decode_output_file)
   if writes:
@@ -389,6 +389,8 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   if mode == "train" and (workers is None or workers.is_chief):
     # The chief locks; other workers write nothing.
     model_dir_lib.check_not_in_use(model_dir)
+  if mode == "plan":   # no devices, no checkpoint: the config alone
+    return mesh_layout, None, None
   _check_config_matches(config, model_dir, source)
   found = check_checkpoint(config, model_dir, mode)
   problems = workers_lib.problems(config, mesh_layout, workers, mode)
@@ -467,6 +469,9 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
   from meshtf.train import startup
   if mode == "export":
     return export(config, model_dir, log, found)
+  if mode == "plan":
+    from meshtf.train import plan_mode
+    return plan_mode.run_plan(config, mesh_layout, model_dir, log)
   from meshtf.train import decode as decode_lib
   from meshtf.train import experiment
   from meshtf.train import workers as workers_lib

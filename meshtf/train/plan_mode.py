@@ -1,0 +1,53 @@
+"""--mode=plan: what the config's training step needs per device on its
+mesh and layout -- memory, flops, collectives, an estimated step time on a
+hardware model -- without devices and without running anything
+(meshtf/plan/). Prints one screen and writes the report as JSON.
+
+  python -m meshtf.train --config=t2t_configs/gspmd_dense.py --mode=plan \\
+      --config.plan_hardware=tpuv3 --model_dir=/tmp/plan_64b
+
+Example:
+  >>> result = run_plan(config, mesh_layout, "/tmp/plan", print)
+  >>> result["report"]["step_seconds"] > 0
+  True
+"""
+import json
+import os
+import time
+
+PLAN_FILE = "plan.json"
+
+
+def run_plan(config, mesh_layout, model_dir, log):
+  """Plans config's training step under mesh_layout on
+  config.plan_hardware; logs the report and a picture of the largest
+  variable's layout, writes model_dir/plan.json (atomically). Returns
+  {"report": summary dict, "path": the JSON file}."""
+  import meshtf as mtf
+  from meshtf.train import experiment
+  t0 = time.time()
+  graph, _ = experiment.build_training_graph(config, mesh_layout)
+  report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware)
+  summary = report.summary()
+  summary["config"] = {"mesh_shape": str(config.mesh_shape),
+                       "layout": str(config.layout),
+                       "variable_layout": str(config.variable_layout),
+                       "activation_layout": str(config.activation_layout),
+                       "batch_size": config.batch_size,
+                       "length": config.length}
+  largest = max(graph.trainable_variables, key=lambda v: v.shape.size)
+  for line in report.text().splitlines():
+    log(line)
+  log("largest variable %s, per processor:" % largest.name)
+  picture = mtf.visualize_layout(largest.outputs[0], report.graph_layout.
+                                 tensor_mesh_layout(largest.outputs[0]))
+  for line in picture.splitlines():
+    log("  " + line)
+  os.makedirs(model_dir, exist_ok=True)
+  path = os.path.join(model_dir, PLAN_FILE)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(summary, f, indent=1, sort_keys=True, default=str)
+  os.replace(tmp, path)
+  log("plan written to %s (%.1f s, nothing run)" % (path, time.time() - t0))
+  return {"report": summary, "path": path}

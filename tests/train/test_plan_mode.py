@@ -1,0 +1,57 @@
+"""--mode=plan (meshtf/train/plan_mode.py): the binary's plan report of a
+config without devices -- one screen and model_dir/plan.json -- for a tiny
+config and a 512-processor paper config; a bad hardware model is one line;
+a paper config's refusal to start 512 virtual CPUs points at --mode=plan."""
+import io
+import json
+import os
+
+from meshtf.train import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _run(*args):
+  out, err = io.StringIO(), io.StringIO()
+  code = main.run_command(["meshtf.train"] + list(args), out=out, err=err)
+  return code, out.getvalue(), err.getvalue()
+
+
+def test_plan_of_the_default_experiment(tmp_path):
+  code, out, err = _run("--mode=plan", "--model_dir=%s" % tmp_path)
+  assert code == 0, err
+  for part in ("plan: mesh data:4;model:2", "memory per device",
+               "collectives per step", "step time estimate",
+               "largest variable", "nothing run"):
+    assert part in out, out
+  report = json.load(open(tmp_path / "plan.json"))
+  assert report["hardware"] == "cpu" and report["step_seconds"] > 0
+  assert report["config"]["mesh_shape"] == "data:4;model:2"
+  assert report["collective_bytes_per_device"] > 0
+  assert os.listdir(tmp_path) == ["plan.json"]   # no checkpoint, no lock
+
+
+def test_plan_of_a_512_processor_paper_config(tmp_path):
+  config = os.path.join(ROOT, "t2t_configs", "mtf_lm_table2.py")
+  # Training it here is refused, pointing at the plan ...
+  code, _, err = _run("--config=" + config, "--model_dir=%s" % tmp_path)
+  assert code == 2 and "--mode=plan reports its memory" in err, err
+  # ... which runs on its traced per-device program, in seconds.
+  code, out, err = _run("--config=" + config, "--mode=plan",
+                        "--config.plan_hardware=tpuv3",
+                        "--model_dir=%s" % tmp_path)
+  assert code == 0, err
+  report = json.load(open(tmp_path / "plan.json"))
+  assert report["mesh"] == "rows:16;cols:32" and report["hardware"] == "tpuv3"
+  assert "rows=0" in out and "cols=31" in out
+
+
+def test_unknown_hardware_model_is_one_line(tmp_path):
+  code, out, err = _run("--mode=plan", "--config.plan_hardware=tpu9",
+                        "--model_dir=%s" % tmp_path)
+  assert code == 2 and not out
+  line, = err.splitlines()
+  assert "plan_hardware='tpu9' is not a hardware model" in line
+  assert "cpu | h100_8x_node | tpuv3" in line
+  assert not os.path.exists(tmp_path / "plan.json")
