@@ -75,6 +75,7 @@ def get_config(row="2048E_36L"):
   c.mesh_shape = "cores:%d" % experts
   c.layout = "batch:cores;group:cores;experts:cores"
   c.optimizer = "adafactor"
+  c.plan_hardware = "tpuv3"         # --mode=plan: the paper's TPU v3 cores
   c.learning_rate = 0.01              # 1 / sqrt(max(step, 10k))
   c.schedule = "rsqrt"
   c.warmup_steps = 10000

@@ -21,9 +21,10 @@ attention projections (BSND) and the feed-forward hidden (BSH):
 "finalized" (the default) is GSPMD's "2D finalized": M is on X in the
 weights but on Y in the activations, and the batch is on X. Each layer
 then allgathers BSM over Y and its weights over X, and reduces its output
-BSM over Y (GSPMD Figure 7; the reduce-scatter form arrives with the
-memory issue), and every long-lived tensor is split over all X * Y
-devices.
+BSM over Y (GSPMD Figure 7: a reduce-scatter), and every long-lived
+tensor is split over all X * Y devices. `--mode=plan` reports a row's
+memory, flops, collectives and step time on the paper's TPU v3 cores
+without running it.
 
 Pick a row and a variant with the config string:
   --config=t2t_configs/gspmd_dense.py:64B_16x32            (finalized)
@@ -101,6 +102,7 @@ def get_config(arg="64B_16x32"):
   c.mesh_shape = "x:%d;y:%d" % (x, y)
   c.layout, c.activation_layout = VARIANTS[variant]
   c.optimizer = "adafactor"
+  c.plan_hardware = "tpuv3"         # --mode=plan: the paper's TPU v3 cores
   c.learning_rate = 0.01
   c.schedule = "rsqrt"
   c.warmup_steps = 10000
@@ -114,4 +116,5 @@ def get_config(arg="64B_16x32"):
     c.vocab_size, c.vocab_divisor, c.length = 64, 8, 8
     c.learning_rate, c.warmup_steps, c.train_steps = 0.01, 0, 40
     c.checkpoint_every, c.eval_every, c.log_every = 20, 20, 10
+    c.plan_hardware = "cpu"
   return c

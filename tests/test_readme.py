@@ -189,3 +189,75 @@ def test_quickstart_and_example_commands_in_fresh_processes(tmp_path):
   assert (tmp_path / "meshtf_train" / "default" / "config.json").exists()
   assert e_out.count("\n== ") + e_out.startswith("== ") == 4, e_out
   assert "every layout: the same 20 losses up to" in e_out, e_out
+
+
+# --- the plan report and the other sections' binary commands ------------------
+def _plan_section():
+  text = (ROOT / "README.md").read_text()
+  return text.split("### What a layout costs before running it", 1)[1].split(
+      "\n## ", 1)[0]
+
+
+def test_plan_snippet_prints_what_the_readme_shows():
+  """The plan section's snippet in a fresh process: each line the README
+  shows is printed ("..." standing for what was left out of a line; a line
+  of only "..." for lines left out)."""
+  import os
+  import subprocess
+  import sys
+  section = _plan_section()
+  code = section.split("```python", 1)[1].split("```", 1)[0]
+  shown = section.split("prints (abridged", 1)[1].split("\n\n", 1)[1]
+  shown = [l[4:].rstrip() for l in shown.split("\n\n", 1)[0].splitlines()
+           if l.strip() != "..."]
+  env = dict(os.environ, PYTHONPATH=str(ROOT))
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                     text=True, timeout=300, cwd=str(ROOT), env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  printed = [l.rstrip() for l in r.stdout.splitlines()]
+  assert len(shown) == 7
+  for line in shown:
+    pattern = ".*".join(re.escape(p) for p in line.split("...")) + "$"
+    assert any(re.match(pattern, p) for p in printed), (line, printed)
+
+
+def other_binary_commands():
+  """`python -m meshtf.train ...` commands the README shows outside the
+  Quickstart and the binary section (those are tested above)."""
+  import shlex
+  text = (ROOT / "README.md").read_text()
+  for skipped in ("## Quickstart", "## The training binary and config files"):
+    head, rest = text.split(skipped, 1)
+    text = head + "\n## " + rest.split("\n## ", 1)[1]
+  return [shlex.split(l.strip()) for l in text.splitlines()
+          if l.startswith("    python -m meshtf.train")]
+
+
+def test_other_binary_commands_work_as_written(tmp_path, monkeypatch):
+  """Weight-update sharding's training command and the plan command, from
+  the repository root with /tmp/ meaning this test's directory; the plan's
+  JSON holds the numbers of the README's GSPMD table row it names."""
+  import io
+  import json
+  from meshtf.train import main
+  cmds = other_binary_commands()
+  assert [c[3] for c in cmds] == ["--config=t2t_configs/lm_tiny.py",
+                                  "--mode=plan"], cmds
+  monkeypatch.chdir(str(ROOT))
+  outs = []
+  for argv in cmds:
+    out, err = io.StringIO(), io.StringIO()
+    code = main.run_command(["meshtf.train"] + _in_tmp(argv, tmp_path)[3:],
+                            out=out, err=err)
+    assert code == 0 and err.getvalue() == "", (argv, err.getvalue())
+    outs.append(out.getvalue())
+  assert "REACHED" in outs[0], outs[0][-2000:]
+  report = json.load(open(tmp_path / "plan_64b" / "plan.json"))
+  memory = report["memory_bytes_per_device"]
+  row = [l for l in _plan_section().splitlines()
+         if l.startswith("| attempt1")][0].split("|")
+  assert row[2].strip() == "%d GB" % round(memory["activations_saved"] / 1e9)
+  assert row[3].strip() == "%d GB" % round(memory["peak"] / 1e9)
+  assert row[4].strip() == "%d GB" % round(
+      report["collective_bytes_per_device"] / 1e9)
+  assert row[5].strip() == "%.1f s" % report["step_seconds"]

@@ -124,6 +124,15 @@ class PlanReport(object):
     return "\n".join(lines)
 
 
+def step_outputs(operations):
+  """The tensors a step computes that nothing in it reads (its loss, a
+  gradient the caller exports): a run exports them, so the plan reduces
+  their pending sums as the export would -- a gradient nothing applies
+  still costs its allreduce."""
+  read = {t for op in operations for t in op.inputs}
+  return [t for op in operations for t in op.outputs if t not in read]
+
+
 def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
          trace=True):
   """The PlanReport of graph (one mesh) under mesh_layout on a hardware
@@ -153,6 +162,7 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   if trace:
     impl = simd.SimdMeshImpl(mesh_layout, None,
                              notional_devices(mesh_layout.size))
-    collectives = lowering_lib.Lowering(graph, {mesh: impl}, launch=False,
-                                        outputs=[]).collective_stats()
+    collectives = lowering_lib.Lowering(
+        graph, {mesh: impl}, launch=False,
+        outputs=step_outputs(operations)).collective_stats()
   return PlanReport(mesh_layout, hw, acc, collectives, graph_layout)

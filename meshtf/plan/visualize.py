@@ -11,10 +11,11 @@ Example:
 from meshtf import shapes
 
 
-def _abbrev(name, taken):
-  """A short prefix of a dim name, unique among `taken`."""
+def _abbrev(name, others):
+  """The shortest prefix of a dim name that starts none of the `others`
+  (d_model and d_ff: "d_m" and "d_f", so "d" never reads as either)."""
   for n in range(1, len(name) + 1):
-    if name[:n] not in taken:
+    if not any(o.startswith(name[:n]) for o in others):
       return name[:n]
   return name
 
@@ -57,10 +58,9 @@ def visualize_layout(tensor_or_shape, mesh_layout, lowering=None):
   shape = getattr(tensor, "shape", None)
   if not isinstance(shape, shapes.Shape):
     shape = shapes.convert_to_shape(tensor)
-  abbrevs, taken = {}, set()
-  for d in shape.dims:
-    abbrevs[d.name] = _abbrev(d.name, taken)
-    taken.add(abbrevs[d.name])
+  abbrevs = {d.name: _abbrev(d.name, [o for o in shape.dimension_names
+                                      if o != d.name])
+             for d in shape.dims}
   mesh = mesh_layout.mesh_shape
   title = "%s on %s" % (shape, " x ".join("%s:%d" % (d.name, d.size)
                                           for d in mesh.dims))

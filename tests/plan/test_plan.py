@@ -63,8 +63,8 @@ def _plan(mesh_shape, layout, **kwargs):
 def test_two_layer_counts_are_exact(mesh_shape, layout, r, c):
   """Mesh-TF Table 1, exactly: allreduced values per processor are
   2 b io / r (y forward, dx backward, over the hidden split) + 2 io h / c
-  (the w and v gradients over the batch split) + h / c (the bias gradient);
-  flops and memory by hand."""
+  (the w and v gradients over the batch split) + h / c (the bias gradient)
+  + 1 (the exported loss); flops and memory by hand."""
   report = _plan(mesh_shape, layout)
   s = report.summary()
   allreduced = sum(x["elements_per_device"] * x["count"]
@@ -73,6 +73,9 @@ def test_two_layer_counts_are_exact(mesh_shape, layout, r, c):
   batch_split, hidden_split = r > 1, c > 1
   expected = (2 * b * IO if hidden_split else 0) + (
       (2 * IO * h + h) if batch_split else 0)
+  # Plus the loss, which nothing in the step reads: a run exports it, so
+  # the plan sums it over the batch split as the export would.
+  expected += 1 if batch_split else 0
   assert allreduced == expected, (allreduced, expected)
   # Six einsums of b x io x h per device: 2 forward, dh, dv, dw, dx.
   assert s["flops_by_family"]["einsum"] == 6 * 2 * b * IO * h
@@ -86,15 +89,27 @@ def test_two_layer_counts_are_exact(mesh_shape, layout, r, c):
 
 
 def test_the_plan_traces_what_a_run_emits():
-  """The traced program's collectives equal a real run's on 8 CPUs."""
+  """The traced program's collectives equal a real run's on 8 CPUs that
+  exports the loss; a gradient nothing applies still costs its allreduce
+  (a run that exports it pays it)."""
   mesh_shape, layout = "rows:2;cols:4", "batch:rows;hidden:cols"
   planned = _plan(mesh_shape, layout).collectives
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "m")
-  two_layer_step(mesh)
+  loss = two_layer_step(mesh)
   impl = harness.make_impl("simd", mesh_shape, layout)
-  ran = mtf.Lowering(graph, {mesh: impl}, outputs=[]).collective_stats()
-  assert planned == ran and planned
+  lowering = mtf.Lowering(graph, {mesh: impl}, outputs=[loss])
+  lowering.export_to_tf_tensor(loss)
+  assert planned == lowering.collective_stats() and planned
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  w = mtf.get_variable(mesh, "w", "io:64;hidden:256")
+  x = mtf.zeros(mesh, "batch:128;io:64")
+  loss = mtf.reduce_sum(mtf.einsum([x, w], "batch:128;hidden:256"))
+  grad_w, = mtf.gradients([loss], [w])   # nothing applies it
+  kinds = [(r["kind"], r["elements_per_device"]) for r in mtf.plan.plan(
+      graph, mtf.MeshLayout(mesh_shape, layout)).collectives]
+  assert ("allreduce_sum", 64 * 256 // 4) in kinds, kinds
 
 
 def test_step_time_model_and_screen():
@@ -191,3 +206,8 @@ def test_visualize_layout_shows_each_processors_slice():
       "placement", "x:2;y:4", "batch:x")}, outputs=[t])
   text = visualize_layout(t, lowering.mesh_impl(t), lowering)
   assert "i[0:1]" in text and "b[" not in text
+  # Dims sharing a prefix get prefixes that start only their own name.
+  text = visualize_layout("d_model:8;d_ff:16", mtf.MeshLayout(
+      "x:2;y:2", "d_model:x;d_ff:y"))
+  assert text.splitlines()[-1].split() == [
+      "x=1", "d_m[4:8]", "d_f[0:8]", "d_m[4:8]", "d_f[8:16]"]
