@@ -18,6 +18,7 @@ setup(
         "ml-collections",  # config files (t2t_configs/) and --config.* flags
         "sentencepiece",   # vocabularies for text data
         "tqdm",            # training progress bar
+        "matplotlib",      # --mode=plan / sweep pictures (PNG, Agg backend)
     ],
     extras_require={
         # The tests read a TFDS dataset they prepare locally.

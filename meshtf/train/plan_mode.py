@@ -1,7 +1,8 @@
 """--mode=plan: what the config's training step needs per device on its
 mesh and layout -- memory, flops, collectives, an estimated step time on a
 hardware model -- without devices and without running anything
-(meshtf/plan/). Prints one screen and writes the report as JSON.
+(meshtf/plan/). Prints one screen and writes the report as JSON and a
+picture of every variable's layout (meshtf/plan/pictures.py) as PNG.
 
   python -m meshtf.train --config=t2t_configs/gspmd_dense.py --mode=plan \\
       --config.plan_hardware=tpuv3 --model_dir=/tmp/plan_64b
@@ -16,13 +17,15 @@ import os
 import time
 
 PLAN_FILE = "plan.json"
+PICTURE_FILE = "layouts.png"
 
 
 def run_plan(config, mesh_layout, model_dir, log):
   """Plans config's training step under mesh_layout on
   config.plan_hardware; logs the report and a picture of the largest
-  variable's layout, writes model_dir/plan.json (atomically). Returns
-  {"report": summary dict, "path": the JSON file}."""
+  variable's layout, writes model_dir/plan.json and model_dir/layouts.png
+  (every variable's layout; each atomically). Returns {"report": summary
+  dict, "path": the JSON file, "picture": the PNG}."""
   import meshtf as mtf
   from meshtf.train import experiment
   t0 = time.time()
@@ -49,5 +52,10 @@ def run_plan(config, mesh_layout, model_dir, log):
   with open(tmp, "w") as f:
     json.dump(summary, f, indent=1, sort_keys=True, default=str)
   os.replace(tmp, path)
+  picture_path = os.path.join(model_dir, PICTURE_FILE)
+  mtf.plan.draw_variable_layouts(graph, report.graph_layout,
+                                 picture_path + ".tmp", mesh_layout=mesh_layout)
+  os.replace(picture_path + ".tmp", picture_path)
+  log("every variable's layout drawn in %s" % picture_path)
   log("plan written to %s (%.1f s, nothing run)" % (path, time.time() - t0))
-  return {"report": summary, "path": path}
+  return {"report": summary, "path": path, "picture": picture_path}

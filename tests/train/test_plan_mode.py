@@ -1,5 +1,6 @@
 """--mode=plan (meshtf/train/plan_mode.py): the binary's plan report of a
-config without devices -- one screen and model_dir/plan.json -- for a tiny
+config without devices -- one screen, model_dir/plan.json and
+model_dir/layouts.png -- for a tiny
 config and a 512-processor paper config; a bad hardware model is one line;
 a paper config's refusal to start 512 virtual CPUs points at --mode=plan."""
 import io
@@ -29,7 +30,11 @@ def test_plan_of_the_default_experiment(tmp_path):
   assert report["hardware"] == "cpu" and report["step_seconds"] > 0
   assert report["config"]["mesh_shape"] == "data:4;model:2"
   assert report["collective_bytes_per_device"] > 0
-  assert os.listdir(tmp_path) == ["plan.json"]   # no checkpoint, no lock
+  # Every variable's layout as a PNG; no checkpoint, no lock.
+  assert sorted(os.listdir(tmp_path)) == ["layouts.png", "plan.json"]
+  assert "layout drawn in %s" % (tmp_path / "layouts.png") in out
+  with open(tmp_path / "layouts.png", "rb") as f:
+    assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
 def test_plan_of_a_512_processor_paper_config(tmp_path):
