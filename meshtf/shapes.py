@@ -104,17 +104,23 @@ class Shape(object):
     return self._repr_dims()
 
   def __eq__(self, other):
+    if isinstance(other, Shape):   # the common case, kept fast: layouts
+      return self._dims == other._dims   # cache by shape
     try:
       other = convert_to_shape(other)
     except (ValueError, TypeError):
       return False
-    return self.dims == other.dims
+    return self._dims == other.dims
 
   def __ne__(self, other):
     return not self.__eq__(other)
 
   def __hash__(self):
-    return hash(tuple(self._dims))
+    # A Shape never changes: hash it once.
+    h = getattr(self, "_hash", None)
+    if h is None:
+      h = self._hash = hash(tuple(self._dims))
+    return h
 
   def __add__(self, other):
     """Concatenation; dims of `other` already in self are skipped."""

@@ -135,6 +135,8 @@ class MeshLayout(object):
       rules_lib.validate_layout_rules(self._variable_rules, self._mesh)
     self._axis_of_name = {d.name: i for i, d in enumerate(self._mesh.dims)}
     self._layouts = {}
+    self._splits = {}
+    self._slice_sizes = {}
     self._groups = {}
     self._derived = {}
 
@@ -242,6 +244,14 @@ class MeshLayout(object):
   def dim_splits(self, shape):
     """One DimSplit per dim of shape (Tensor, Shape or string)."""
     shape = _as_shape(shape)
+    # Cached per shape: the plan report and the layout search ask for the
+    # same shapes' splits thousands of times.
+    cached = self._splits.get(shape)
+    if cached is None:
+      cached = self._splits[shape] = tuple(self._dim_splits(shape))
+    return list(cached)
+
+  def _dim_splits(self, shape):
     layout = self.tensor_layout(shape)
     out = []
     for i, (d, axes) in enumerate(zip(shape.dims, layout.dim_axes)):
@@ -275,7 +285,15 @@ class MeshLayout(object):
     return [s.shard_size for s in self.dim_splits(shape)]
 
   def slice_size(self, shape):
-    return int(np.prod(self.slice_shape(shape), dtype=np.int64))
+    """Elements of every processor's (padded) slice."""
+    shape = _as_shape(shape)
+    size = self._slice_sizes.get(shape)
+    if size is None:
+      size = 1
+      for s in self.dim_splits(shape):
+        size *= s.shard_size
+      self._slice_sizes[shape] = size
+    return size
 
   def slice_begin(self, shape, pnum):
     """Per dim, the global index where processor pnum's slice starts."""

@@ -235,16 +235,16 @@ def expert_capacity(group_size, num_experts, capacity_factor, gating="top_2",
 
 
 def _mesh_dim_size(layout, mesh_shape, dim):
-  """Size of the mesh axis that splits dim: layout is a MeshLayout, or
-  layout rules with mesh_shape (Mesh TensorFlow's arguments)."""
+  """How many ways the mesh splits dim (the product of its axes' sizes
+  under a multi-axis rule): layout is a MeshLayout, or layout rules with
+  mesh_shape (Mesh TensorFlow's arguments)."""
   if layout is None:
     return 1
   if not isinstance(layout, mtf.MeshLayout):
     if mesh_shape is None:
       return 1
     layout = mtf.MeshLayout(mesh_shape, layout)
-  axis = layout.split_axis(dim)
-  return 1 if axis is None else layout.axis_size(axis)
+  return math.prod(layout.axis_size(a) for a in layout.split_axes(dim))
 
 
 # --- gating -------------------------------------------------------------------

@@ -17,6 +17,7 @@ import json
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import simd
 from meshtf.plan import accounting
+from meshtf.plan import estimate
 from meshtf.plan import hardware as hardware_lib
 
 
@@ -32,16 +33,20 @@ class PlanReport(object):
 
   Attributes:
     mesh_layout, hardware, accounting (plan/accounting.py),
-    collectives: the traced program's collective_stats(),
+    collectives: the traced program's collective_stats() (or their
+      estimate from the layouts: plan/estimate.py),
+    collectives_source: "traced" or "estimated",
     graph_layout: every tensor's layout (layouts/assignment.py).
   """
 
-  def __init__(self, mesh_layout, hw, acc, collectives, graph_layout=None):
+  def __init__(self, mesh_layout, hw, acc, collectives, graph_layout=None,
+               collectives_source="traced"):
     self.mesh_layout = mesh_layout
     self.hardware = hw
     self.accounting = acc
     self.collectives = collectives
     self.graph_layout = graph_layout
+    self.collectives_source = collectives_source
 
   def compute_seconds(self):
     hw = self.hardware
@@ -81,6 +86,7 @@ class PlanReport(object):
         "collective_bytes_per_device": sum(
             r["count"] * r["bytes_per_device"] for r in self.collectives),
         "collectives_by_kind": by_kind,
+        "collectives_source": self.collectives_source,
         "compute_seconds": compute,
         "collective_seconds": comm,
         "step_seconds": compute + comm,
@@ -113,7 +119,8 @@ class PlanReport(object):
             "%s %.3g" % kv for kv in sorted(
                 s["flops_by_family"].items(), key=lambda kv: -kv[1])[:5]),
            s["arithmetic_intensity"]),
-        "collectives per step: %s; %s sent per device" % (
+        "collectives per step (%s): %s; %s sent per device" % (
+            s["collectives_source"],
             ", ".join("%s x%d (%s)" % (k, v["count"], mb(v["bytes"]))
                       for k, v in sorted(s["collectives_by_kind"].items())),
             mb(s["collective_bytes_per_device"])),
@@ -140,7 +147,8 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   graph.operations of the first backward op (for the activations kept
   for the backward pass; default: where mtf.gradients began). Traces
   the per-device SPMD program on notional devices (never run) for the
-  collectives; trace=False skips that (memory and flops only, in a
+  collectives; trace=False estimates them from the layouts instead
+  (plan/estimate.py: the same records on the models here, in a
   fraction of the time). Raises LayoutError / ValueError on bad input
   before any tracing.
 
@@ -158,11 +166,15 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   if backward_start is None:
     backward_start = graph.backward_start
   acc = accounting.account(operations, graph_layout, backward_start)
-  collectives = []
-  if trace:
-    impl = simd.SimdMeshImpl(mesh_layout, None,
-                             notional_devices(mesh_layout.size))
-    collectives = lowering_lib.Lowering(
-        graph, {mesh: impl}, launch=False,
-        outputs=step_outputs(operations)).collective_stats()
+  outputs = step_outputs(operations)
+  if not trace:
+    collectives = estimate.estimate_collectives(operations, graph_layout,
+                                                outputs)
+    return PlanReport(mesh_layout, hw, acc, collectives, graph_layout,
+                      "estimated")
+  impl = simd.SimdMeshImpl(mesh_layout, None,
+                           notional_devices(mesh_layout.size))
+  collectives = lowering_lib.Lowering(
+      graph, {mesh: impl}, launch=False,
+      outputs=outputs).collective_stats()
   return PlanReport(mesh_layout, hw, acc, collectives, graph_layout)

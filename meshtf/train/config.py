@@ -117,6 +117,7 @@ def default_config():
   c.mesh_shape = "data:4;model:2"
   c.layout = ("batch:data;group:data;experts:data;heads:model;d_ff:model;"
               "vocab:model;expert_hidden:model")
+  #                              "auto": searched (--layout=auto, below)
   c.variable_layout = ""       # the variables' own rules (GSPMD weight-
   #                              update sharding, e.g. "d_model:data");
   #                              "": the layout's
@@ -156,6 +157,10 @@ def default_config():
   c.decode_alpha = 0.6         # beam: GNMT length penalty exponent
   c.plan_hardware = "cpu"      # --mode=plan's hardware model: cpu (this
   #                              machine), tpuv3 or h100_8x_node
+  c.auto_memory_gb = 0.0       # --layout=auto's memory cap per device:
+  #                              0: plan_hardware's memory; < 0: none
+  c.auto_layout_dims = ""      # --layout=auto: dims to lay out, comma-
+  #                              separated ("": every dim of the model)
   c.decode_prompts_file = ""   # prompts, one per line (synthetic task: token
   #                              ids; text data: text); "": held-out data
   c.decode_output_file = ""    # decodes of the prompts file ("":

@@ -424,6 +424,10 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
   if mode not in config_lib.MODES:
     raise config_lib.ConfigError(["mode %r is unknown: use --mode=%s" % (
         mode, " | ".join(config_lib.MODES))])
+  from meshtf.train import auto_layout
+  # --layout=auto: the layout is chosen from plans (no devices, no TF
+  # work), and then everything is checked as for a layout given by hand.
+  layout_choice = auto_layout.resolve(config, log)
   mesh_layout, found, prompt_set = prepare(config, model_dir, mode, workers,
                                            devices, flag_names, source)
   chief = workers is None or workers.is_chief
@@ -442,8 +446,12 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
       if removed:
         log("model_dir: removed what an interrupted run left: %s" %
             ", ".join(removed))
-    return _run_mode(config, mode, model_dir, devices, log, progress,
-                     workers, mesh_layout, found, prompt_set)
+    result = _run_mode(config, mode, model_dir, devices, log, progress,
+                       workers, mesh_layout, found, prompt_set,
+                       layout_choice)
+    if layout_choice is not None and isinstance(result, dict):
+      result["layout_choice"] = layout_choice
+    return result
   finally:
     if lock is not None:
       lock.release()
@@ -465,13 +473,14 @@ def _report_damaged(found, may_move, warn):
 
 
 def _run_mode(config, mode, model_dir, devices, log, progress, workers,
-              mesh_layout, found, prompt_set):
+              mesh_layout, found, prompt_set, layout_choice=None):
   from meshtf.train import startup
   if mode == "export":
     return export(config, model_dir, log, found)
   if mode == "plan":
     from meshtf.train import plan_mode
-    return plan_mode.run_plan(config, mesh_layout, model_dir, log)
+    return plan_mode.run_plan(config, mesh_layout, model_dir, log,
+                              layout_choice)
   from meshtf.train import decode as decode_lib
   from meshtf.train import experiment
   from meshtf.train import workers as workers_lib

@@ -20,12 +20,14 @@ PLAN_FILE = "plan.json"
 PICTURE_FILE = "layouts.png"
 
 
-def run_plan(config, mesh_layout, model_dir, log):
+def run_plan(config, mesh_layout, model_dir, log, layout_choice=None):
   """Plans config's training step under mesh_layout on
   config.plan_hardware; logs the report and a picture of the largest
   variable's layout, writes model_dir/plan.json and model_dir/layouts.png
   (every variable's layout; each atomically). Returns {"report": summary
-  dict, "path": the JSON file, "picture": the PNG}."""
+  dict, "path": the JSON file, "picture": the PNG}. layout_choice: what
+  --layout=auto chose and why (auto_layout.choose_layout), kept in the
+  JSON as "layout_search"."""
   import meshtf as mtf
   from meshtf.train import experiment
   t0 = time.time()
@@ -38,6 +40,8 @@ def run_plan(config, mesh_layout, model_dir, log):
                        "activation_layout": str(config.activation_layout),
                        "batch_size": config.batch_size,
                        "length": config.length}
+  if layout_choice is not None:
+    summary["layout_search"] = layout_choice
   largest = max(graph.trainable_variables, key=lambda v: v.shape.size)
   for line in report.text().splitlines():
     log(line)

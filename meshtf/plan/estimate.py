@@ -1,0 +1,174 @@
+"""The collectives of a graph under its layouts, estimated from the layouts
+alone -- no tracing, about 20x faster than plan()'s traced program -- for
+searching many layouts (meshtf/plan/search.py), which then traces the best
+few exactly.
+
+The estimate follows the lowering's rules where they decide what a layout
+costs, and leaves out the small rest:
+
+  an input laid out otherwise than its reader's computation layout is
+    relaid by the MeshLayout's plan (its steps' collectives);
+  a reshape runs the MeshLayout's reshape plan;
+  a dim split in an input but absent from every output is summed over its
+    mesh axes: einsums, sum reductions and gathers leave the sum pending,
+    other reductions (max, min, ...) allreduce at once;
+  a pending sum is reduced where it is read: linear readers (negation,
+    scalar multiples, sums of sums over the same axes) keep it pending when
+    they are its only reader; a reader that splits a summed axis
+    reduce-scatters; any other reader allreduces it (once);
+  a pending sum nothing reads is reduced as its export would be.
+
+Left out: top_k/sort gathers, shift and conv halos (permutes), and the
+gather of ids split like the table (these are small or rare in the models
+here); tests/plan/test_estimate.py measures the gap against traced plans.
+
+Example:
+  >>> records = estimate_collectives(graph.operations, graph_layout)
+  >>> sum(r["bytes_per_device"] * r["count"] for r in records)
+"""
+import collections
+
+from meshtf.layouts import relayout as relayout_lib
+from meshtf.lowering import lowering as lowering_lib
+
+_LINEAR_UNARY = ("negative", "identity")
+# Operations whose partial sums may wait (their lowering makes a PendingSum).
+_SUMMING = ("EinsumOperation", "GatherOperation", "ScatterAddOperation",
+            "ConvOperation",
+            "ConvInputGradOperation", "ConvFilterGradOperation")
+
+
+class _Recorder(object):
+  """Collective records, grouped like Lowering.collective_stats()."""
+
+  def __init__(self, mesh_layout):
+    self._mesh_layout = mesh_layout
+    self.counts = collections.OrderedDict()
+
+  def add(self, kind, mesh_axes, elements, itemsize):
+    group = 1
+    for a in mesh_axes:
+      group *= self._mesh_layout.axis_size(a)
+    if group <= 1 or not elements:
+      return
+    key = (kind, tuple(self._mesh_layout.mesh_axis_names(mesh_axes)), group,
+           int(elements),
+           relayout_lib.collective_bytes(kind, group, elements, itemsize))
+    self.counts[key] = self.counts.get(key, 0) + 1
+
+  def add_plan(self, plan):
+    for s in plan.steps:
+      if s.kind in ("allconcat", "alltoall", "reduce_scatter"):
+        key = (s.kind, tuple(self._mesh_layout.mesh_axis_names(
+            [s.mesh_axis])), s.group_size, s.elements_per_device,
+               s.bytes_per_device)
+        if s.group_size > 1:
+          self.counts[key] = self.counts.get(key, 0) + 1
+
+  def records(self):
+    return [dict(kind=k[0], mesh_axes=list(k[1]), group_size=k[2],
+                 elements_per_device=k[3], bytes_per_device=k[4], count=n)
+            for k, n in self.counts.items()]
+
+
+def _is_linear_reader(op, tensor, pending):
+  """Whether op keeps tensor's pending sum pending (see the docstring)."""
+  name = type(op).__name__
+  if name == "ScalarMultiplyOperation":
+    return True
+  if name == "UnaryOperation":
+    return getattr(op, "_kind", None) in _LINEAR_UNARY
+  if name == "BinaryOperation" and getattr(op, "_kind", None) in ("add",
+                                                                   "sub"):
+    x, y = op.inputs
+    out = op.outputs[0]
+    return (x in pending and y in pending and pending[x] == pending[y]
+            and x.shape == out.shape and y.shape == out.shape)
+  return False
+
+
+def _sums_pending(op):
+  name = type(op).__name__
+  if name == "ReduceOperation":
+    return getattr(op, "_reduction", "SUM") == "SUM"
+  return name in _SUMMING
+
+
+def estimate_collectives(operations, graph_layout, outputs=None):
+  """Estimated collective records of operations (a graph's, in order)
+  under graph_layout (MeshLayout.assign), in Lowering.collective_stats()'s
+  form. outputs: the tensors the step exports (default: those nothing
+  reads, as plan() traces it)."""
+  operations = list(operations)
+  base = graph_layout.base
+  rec = _Recorder(base)
+  readers = collections.Counter(t for op in operations for t in op.inputs)
+  pending = {}   # tensor -> sorted mesh axes its partial sums still need
+  reduced = set()
+  relaid = set()   # (tensor, layout): the lowering relays once per layout
+
+  def reduce_now(t):
+    if t in pending and t not in reduced:
+      layout = graph_layout.tensor_mesh_layout(t)
+      rec.add("allreduce_sum", pending[t], layout.slice_size(t.shape),
+              t.dtype.size)
+      reduced.add(t)
+
+  for op in lowering_lib.all_operations(operations):
+    layout = graph_layout.op_layout(op)
+    keeps = set()
+    for t in dict.fromkeys(op.inputs):
+      own = graph_layout.tensor_mesh_layout(t)
+      old = own.tensor_layout(t.shape)
+      new = layout.tensor_layout(t.shape)
+      plan = None
+      if old != new and (t, new) not in relaid:
+        relaid.add((t, new))
+        plan = base.relayout_plan(t.shape, t.shape, t.dtype.size, old, new)
+      if t in pending and t not in reduced:
+        if plan is not None:
+          fused, rest = relayout_lib.fuse_reduce_scatter(
+              plan, pending[t], t.dtype.size)
+          if len(rest) < len(pending[t]):
+            rec.add_plan(fused)
+            rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
+                    t.dtype.size)
+            continue
+        if readers[t] == 1 and _is_linear_reader(op, t, pending):
+          keeps.add(t)
+          continue
+        reduce_now(t)
+      if plan is not None:
+        rec.add_plan(plan)
+    if type(op).__name__ == "ReshapeOperation":
+      x, out = op.inputs[0], op.outputs[0]
+      rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size))
+      continue
+    if keeps:
+      for out in op.outputs:
+        pending[out] = pending[next(iter(keeps))]
+      continue
+    if not op.inputs or not op.outputs:
+      continue
+    out_axes, out_names = set(), set()
+    for t in op.outputs:
+      for split in layout.dim_splits(t.shape):
+        out_names.add(split.name)
+        out_axes.update(split.mesh_axes)
+    in_axes = {a for t in op.inputs for split in layout.dim_splits(t.shape)
+               if split.name not in out_names for a in split.mesh_axes}
+    axes = sorted(in_axes - out_axes)
+    if not axes:
+      continue
+    if _sums_pending(op):
+      for out in op.outputs:
+        pending[out] = axes
+    else:
+      kind = "allreduce_" + str(getattr(op, "_reduction", "max")).lower()
+      for out in op.outputs:
+        rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size)
+  if outputs is None:
+    outputs = [t for op in operations for t in op.outputs if not readers[t]]
+  for t in outputs:
+    reduce_now(t)
+  return rec.records()

@@ -1,0 +1,95 @@
+"""meshtf/plan/estimate.py: the collectives of a training step estimated
+from the layouts alone equal, record for record, what the traced per-device
+program emits -- for the Mesh-TF paper's two-layer step, lm_tiny and
+moe_tiny under data, model, 2-D, multi-axis, uneven and weight-update-
+sharding layouts."""
+import collections
+
+import pytest
+
+import meshtf as mtf
+import meshtf.plan  # noqa: F401
+from meshtf.plan import estimate
+from meshtf.train import config as config_lib
+from meshtf.train import experiment
+
+from plan.test_plan import _config, two_layer_step  # noqa: I100
+
+
+def _multiset(records):
+  """Records as a comparable multiset (count folded in)."""
+  out = collections.Counter()
+  for r in records:
+    key = (r["kind"], tuple(r["mesh_axes"]), r["group_size"],
+           r["bytes_per_device"])
+    out[key] += r["count"]
+  return out
+
+
+def _both(graph, layout):
+  traced = mtf.plan.plan(graph, layout).collectives
+  estimated = mtf.plan.plan(graph, layout, trace=False)
+  assert estimated.collectives_source == "estimated"
+  return _multiset(traced), _multiset(estimated.collectives)
+
+
+@pytest.mark.parametrize("mesh_shape,rules", [
+    ("all:8", "batch:all"),
+    ("all:8", "hidden:all"),
+    ("r:2;c:4", "batch:r;hidden:c"),
+    ("r:2;c:4", "batch:r;io:c"),
+    ("r:2;c:4", "hidden:r+c"),
+    ("r:3", "batch:r"),              # uneven
+    ("r:3", "hidden:r"),
+])
+def test_two_layer_step(mesh_shape, rules):
+  graph = mtf.Graph()
+  two_layer_step(mtf.Mesh(graph, "m"))
+  traced, estimated = _both(graph, mtf.MeshLayout(mesh_shape, rules))
+  assert traced and estimated == traced
+
+
+def _model_graph(config_name, mesh_shape, rules, variable_rules=""):
+  config = _config(config_name)
+  config.mesh_shape, config.layout = mesh_shape, rules
+  config.variable_layout = variable_rules
+  layout = config_lib.mesh_layout(config)
+  graph, _ = experiment.build_training_graph(config, layout)
+  return graph, layout
+
+
+@pytest.mark.parametrize("config_file,mesh_shape,rules,variable_rules", [
+    ("lm_tiny", "data:4;model:2", "batch:data;d_ff:model;heads:model;"
+     "vocab:model", ""),
+    ("lm_tiny", "data:8", "batch:data", ""),
+    ("lm_tiny", "data:8", "batch:data", "d_model:data"),     # WUS
+    ("lm_tiny", "data:2;model:4", "batch:data;d_model:model", ""),
+    ("lm_tiny", "a:4;b:2", "d_ff:a+b;heads:b;vocab:a", ""),  # multi-axis
+    ("lm_tiny", "data:3", "batch:data", ""),                    # uneven
+    ("moe_tiny", "data:4;model:2", "batch:data;experts:data;d_ff:model",
+     ""),
+])
+def test_models(config_file, mesh_shape, rules, variable_rules):
+  graph, layout = _model_graph(config_file, mesh_shape, rules,
+                               variable_rules)
+  traced, estimated = _both(graph, layout)
+  assert traced
+  assert estimated == traced, (
+      "estimated-only %s\ntraced-only %s" % (estimated - traced,
+                                             traced - estimated))
+
+
+def test_unread_outputs_are_reduced_as_exported():
+  """A dangling pending sum (the loss) is allreduced once, as its export
+  would be; passing outputs=[] leaves it pending."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  batch = mtf.Dimension("batch", 8)
+  mtf.reduce_sum(mtf.zeros(mesh, [batch]))
+  layout = mtf.MeshLayout("x:4", "batch:x")
+  graph_layout = layout.assign(graph.operations)
+  records = estimate.estimate_collectives(graph.operations, graph_layout)
+  assert [(r["kind"], r["mesh_axes"], r["count"]) for r in records] == [
+      ("allreduce_sum", ["x"], 1)]
+  assert estimate.estimate_collectives(graph.operations, graph_layout,
+                                       outputs=[]) == []
