@@ -31,7 +31,7 @@ BACKENDS = ("placement", "simd")
 OPTIMIZERS = ("adam", "adafactor", "sgd", "momentum")
 SCHEDULES = ("constant", "rsqrt", "linear")
 GATINGS = ("top_2", "switch")
-MODES = ("train", "eval", "decode", "export", "plan")
+MODES = ("train", "eval", "decode", "export", "plan", "sweep")
 DECODE_METHODS = ("cached", "recompute")
 DECODE_STRATEGIES = ("greedy", "sample", "beam")
 
@@ -161,6 +161,12 @@ def default_config():
   #                              0: plan_hardware's memory; < 0: none
   c.auto_layout_dims = ""      # --layout=auto: dims to lay out, comma-
   #                              separated ("": every dim of the model)
+  c.sweep = ""                 # --mode=sweep's candidates, "|"-separated:
+  #                              "mesh_shape @ layout [@ variable_layout
+  #                              [@ activation_layout]]"
+  c.sweep_run = False          # --mode=sweep also trains each entry whose
+  #                              devices this process has (--sweep_run)
+  c.sweep_steps = 6            # steps per entry run (the first traces)
   c.decode_prompts_file = ""   # prompts, one per line (synthetic task: token
   #                              ids; text data: text); "": held-out data
   c.decode_output_file = ""    # decodes of the prompts file ("":

@@ -74,7 +74,7 @@ train = training_loop.train
 
 # Flags that override the config key of the same name.
 _OVERRIDES = ("mesh_shape", "layout", "backend", "num_virtual_cpus",
-              "train_steps", "batch_size", "seed")
+              "train_steps", "batch_size", "seed", "sweep_run")
 
 
 # --- flags --------------------------------------------------------------------
@@ -121,6 +121,9 @@ def define_flags(flag_values=FLAGS, argv=None):
   flags.DEFINE_integer("batch_size", None, "Overrides config.batch_size.",
                        **define)
   flags.DEFINE_integer("seed", None, "Overrides config.seed.", **define)
+  flags.DEFINE_boolean("sweep_run", None, "--mode=sweep: also train a few "
+                       "steps of each entry this process has the devices "
+                       "for (config.sweep_run).", **define)
   flags.DEFINE_string("worker_hosts", None, "Multi-worker: every worker's "
                       "host:port, comma-separated (the same on each worker);"
                       " default TF_CONFIG if set. See meshtf/train/"
@@ -377,7 +380,7 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   from meshtf.train import decode as decode_lib
   from meshtf.train import workers as workers_lib
   mesh_layout = config_lib.validate(config, flag_names=flag_names)
-  writes = mode in ("train", "export", "plan") or (
+  writes = mode in ("train", "export", "plan", "sweep") or (
       mode == "decode" and config.decode_prompts_file and
       not config.decode_output_file)
   if writes:
@@ -389,7 +392,7 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   if mode == "train" and (workers is None or workers.is_chief):
     # The chief locks; other workers write nothing.
     model_dir_lib.check_not_in_use(model_dir)
-  if mode == "plan":   # no devices, no checkpoint: the config alone
+  if mode in ("plan", "sweep"):   # no checkpoint: the config alone
     return mesh_layout, None, None
   _check_config_matches(config, model_dir, source)
   found = check_checkpoint(config, model_dir, mode)
@@ -481,6 +484,10 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
     from meshtf.train import plan_mode
     return plan_mode.run_plan(config, mesh_layout, model_dir, log,
                               layout_choice)
+  if mode == "sweep":
+    from meshtf.train import sweep_mode
+    return sweep_mode.run_sweep(config, model_dir, log,
+                                run=bool(config.sweep_run), devices=devices)
   from meshtf.train import decode as decode_lib
   from meshtf.train import experiment
   from meshtf.train import workers as workers_lib

@@ -112,6 +112,7 @@ def train(session, progress=None):
       step += 1
       record["step"] = step - 1
       record["learning_rate"] = float(lr_fn(float(step - 1)))
+      record["step_seconds"] = dt
       elapsed = time.time() - t_window
       record["tokens_per_sec"] = (tokens_per_step * window_steps / elapsed
                                   if window_steps and elapsed > 0 else 0.0)
