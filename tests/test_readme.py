@@ -234,7 +234,8 @@ def other_binary_commands():
 
 
 def test_other_binary_commands_work_as_written(tmp_path, monkeypatch):
-  """Weight-update sharding's training command and the plan command, from
+  """Weight-update sharding's training command, the plan, sweep and
+  automatic-layout commands, from
   the repository root with /tmp/ meaning this test's directory; the plan's
   JSON holds the numbers of the README's GSPMD table row it names."""
   import io
@@ -242,7 +243,8 @@ def test_other_binary_commands_work_as_written(tmp_path, monkeypatch):
   from meshtf.train import main
   cmds = other_binary_commands()
   assert [c[3] for c in cmds] == ["--config=t2t_configs/lm_tiny.py",
-                                  "--mode=plan"], cmds
+                                  "--mode=plan", "--mode=sweep",
+                                  "--layout=auto"], cmds
   monkeypatch.chdir(str(ROOT))
   outs = []
   for argv in cmds:
@@ -261,3 +263,12 @@ def test_other_binary_commands_work_as_written(tmp_path, monkeypatch):
   assert row[4].strip() == "%d GB" % round(
       report["collective_bytes_per_device"] / 1e9)
   assert row[5].strip() == "%.1f s" % report["step_seconds"]
+  # The sweep: four entries, the fourth invalid and listed.
+  sweep = (tmp_path / "sweep_lm" / "sweep.csv").read_text().splitlines()
+  assert len(sweep) == 5 and sweep[4].startswith("4,x:3,batch:x;d_ff:x,,,"
+                                                 "False,")
+  assert "invalid entry 4 (x:3 @ batch:x;d_ff:x)" in outs[2]
+  # The automatic layout: its choice is what was planned.
+  auto = json.load(open(tmp_path / "lm_auto" / "plan.json"))
+  assert auto["layout"] == auto["layout_search"]["layout"]
+  assert "using layout %s" % auto["layout"] in outs[3]
