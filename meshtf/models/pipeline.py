@@ -166,14 +166,17 @@ class StackedInitializer(initializers.Initializer):
     self.lead_dims = lead_dims
 
   def cache_key(self):
-    return None   # the names are no plain scalars: computed each time
+    return None   # the names are no plain scalars
 
   def slice_value(self, key, begin, slice_shape, full_shape, dtype):
     lead = self.lead_dims
     begin = tf.cast(begin, tf.int64)
-    rest = [self.base.slice_value(rng.op_key(self.seed, name), begin[lead:],
-                                  list(slice_shape[lead:]),
-                                  list(full_shape[lead:]), dtype)
+    # Each part through the base initializer's cached traced function (the
+    # one the unpipelined variables use): tracing S*R Threefry graphs per
+    # stacked variable would cost ~0.5 s each.
+    rest = [initializers.traced_slice_fn(
+        self.base, rng.op_key(self.seed, name), list(full_shape[lead:]),
+        dtype)(begin[lead:], list(slice_shape[lead:]))
             for row in self.names for name in row]
     stacked = tf.reshape(tf.stack(rest), list(full_shape[:lead]) +
                          list(slice_shape[lead:]))
