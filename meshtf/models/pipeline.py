@@ -37,10 +37,9 @@ Example:
   >>> import meshtf as mtf
   >>> graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
   >>> x = mtf.ones(mesh, "batch:8;io:4")
-  >>> def stage_fn(h, carried):
-  ...   w = mtf.get_variable(mesh, "w", "io:4;io2:4")   # [stage:2, io, io2]
-  ...   return mtf.rename_dimension(mtf.einsum(
-  ...       [h, w], output_shape=h.shape - "io" + "io2"), "io2", "io")
+  >>> def stage_fn(h, carried):    # h: [stage:2, batch:2, io:4]
+  ...   w = mtf.get_variable(mesh, "w", "io:4")   # w: [stage:2, io:4]
+  ...   return mtf.tanh(h * w)
   >>> y = pipeline(stage_fn, x, stages=2, num_microbatches=4)
   >>> y.shape
   Shape([batch:8, io:4])
@@ -314,9 +313,14 @@ def pipeline(stage_fn, x, stages, num_microbatches, circular_repeats=1,
     ...              circular_repeats=2)
   """
   schedule = Schedule(stages, num_microbatches, circular_repeats)
-  batch_dim = x.shape.dims[0] if batch_dim is None else (
-      mtf.convert_to_dimension(batch_dim) if not isinstance(batch_dim, str)
-      else x.shape.get_dim_by_name(batch_dim))
+  name = x.shape.dims[0].name if batch_dim is None else getattr(
+      batch_dim, "name", batch_dim)
+  found = [d for d in x.shape.dims if d.name == name]
+  if not found:
+    raise ValueError("pipeline: x %s has no batch dim %r: pass batch_dim="
+                     "the name of the dim to split into microbatches" % (
+                         x.shape, name))
+  batch_dim = found[0]
   check_batch(batch_dim, num_microbatches)
   carried = dict(carried or {})
   mesh = x.mesh
