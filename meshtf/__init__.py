@@ -136,6 +136,7 @@ from meshtf.ops.variables import assign
 from meshtf.ops.variables import assign_add
 from meshtf.ops.variables import assign_sub
 from meshtf.ops.variables import get_variable
+from meshtf.ops.variables import custom_getter
 from meshtf.ops.variables import Assign
 from meshtf.ops.variables import assign_add_slice
 from meshtf.ops.variables import assign_slice
@@ -153,6 +154,7 @@ from meshtf.models.dtypes import VariableDType  # noqa: E402
 from meshtf.models import decoding  # noqa: E402
 from meshtf.models import moe  # noqa: E402
 from meshtf.models import training  # noqa: E402
+from meshtf.models import pipeline  # noqa: E402
 from meshtf.models import transformer  # noqa: E402
 from meshtf.models import transformer_layers  # noqa: E402
 # The plan report: what a layout needs before running it.

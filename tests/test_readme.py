@@ -244,7 +244,9 @@ def test_other_binary_commands_work_as_written(tmp_path, monkeypatch):
   cmds = other_binary_commands()
   assert [c[3] for c in cmds] == ["--config=t2t_configs/lm_tiny.py",
                                   "--mode=plan", "--mode=sweep",
-                                  "--layout=auto"], cmds
+                                  "--layout=auto",
+                                  "--config=t2t_configs/lm_tiny.py"], cmds
+  assert "--config.pipeline_stages=2" in cmds[4]
   monkeypatch.chdir(str(ROOT))
   outs = []
   for argv in cmds:
@@ -254,6 +256,10 @@ def test_other_binary_commands_work_as_written(tmp_path, monkeypatch):
     assert code == 0 and err.getvalue() == "", (argv, err.getvalue())
     outs.append(out.getvalue())
   assert "REACHED" in outs[0], outs[0][-2000:]
+  # The pipelined lm_tiny: the schedule in the header, 99% at step 225.
+  assert "pipeline: 2 stages x 1 layers each, 4 microbatches" in outs[4]
+  assert "bubble fraction 0.200 (analytic)" in outs[4]
+  assert "final eval accuracy" in outs[4] and "REACHED" in outs[4], outs[4]
   report = json.load(open(tmp_path / "plan_64b" / "plan.json"))
   memory = report["memory_bytes_per_device"]
   row = [l for l in _plan_section().splitlines()
@@ -272,3 +278,34 @@ def test_other_binary_commands_work_as_written(tmp_path, monkeypatch):
   auto = json.load(open(tmp_path / "lm_auto" / "plan.json"))
   assert auto["layout"] == auto["layout_search"]["layout"]
   assert "using layout %s" % auto["layout"] in outs[3]
+
+
+# --- pipeline parallelism -----------------------------------------------------
+def _pipeline_section():
+  text = (ROOT / "README.md").read_text()
+  return text.split("## Pipeline parallelism", 1)[1].split("\n## ", 1)[0]
+
+
+def test_pipeline_schedules_drawn_are_the_schedules_run():
+  """The README's two tables are Schedule(4, 4) and Schedule(2, 4, 2)."""
+  from meshtf.models import pipeline
+  tables = []
+  for block in _pipeline_section().split("\n\n"):
+    lines = block.splitlines()
+    if lines and lines[0].strip().startswith("iteration"):
+      tables.append([l.split()[1:] for l in lines[1:]])
+  assert tables == [pipeline.Schedule(4, 4).table(),
+                    pipeline.Schedule(2, 4, 2).table()]
+
+
+def test_pipeline_snippet_runs_and_shows_the_bubble():
+  """The snippet builds its model, mesh and training step (no step is
+  run: the harness tests cover the numbers); its bubble is as shown."""
+  import meshtf as mtf
+  code = _pipeline_section().split("```python", 1)[1].split("```", 1)[0]
+  env = {"mtf": mtf}
+  exec(compile(code, "README", "exec"), env)
+  assert env["lm"].layer_stack.pipeline.schedule.num_iterations == 9
+  shown = code.split("bubble_fraction(2, 4, 2)", 1)[1].split("# ", 1)[1]
+  assert shown.startswith("0.111") and str(
+      mtf.pipeline.bubble_fraction(2, 4, 2)).startswith("0.111")

@@ -38,6 +38,7 @@ from meshtf import graph as graph_lib
 from meshtf.models import decoding
 from meshtf.models import dtypes
 from meshtf.models import layers
+from meshtf.models import pipeline as pipeline_lib
 from meshtf.models import transformer_layers as tl
 
 NORMS = {"rms_norm": layers.rms_norm, "layer_norm": layers.layer_norm}
@@ -54,6 +55,8 @@ class LayerStack(tl.TransformerLayer):
   layers: TransformerLayer objects or callables fn(x, context) -> y (an
   MoE layer, say; see FunctionLayer). Layer i's variables live under
   "<scope>/layer_%03d/<LayerName>", its norm under ".../<LayerName>/norm".
+  pipeline: a pipeline.LayerPipeline to run the layers as a pipeline over
+  a "stage" dim (GSPMD 3.3; see meshtf/models/pipeline.py), or None.
 
   Example:
     >>> stack = LayerStack([SelfAttention(8, 64), DenseReluDense(2048)] * 6,
@@ -61,7 +64,7 @@ class LayerStack(tl.TransformerLayer):
   """
 
   def __init__(self, layers_list, dropout_rate=0.0, norm_epsilon=1e-6,
-               norm_type="rms_norm"):
+               norm_type="rms_norm", pipeline=None):
     self._layers = [l if isinstance(l, tl.TransformerLayer)
                     else tl.FunctionLayer(l) for l in layers_list]
     if norm_type not in NORMS:
@@ -70,6 +73,9 @@ class LayerStack(tl.TransformerLayer):
     self._dropout_rate = dropout_rate
     self._norm_epsilon = norm_epsilon
     self._norm_type = norm_type
+    if pipeline is not None:
+      pipeline.check_layers(self._layers)
+    self.pipeline = pipeline
 
   @property
   def layers(self):
@@ -83,21 +89,34 @@ class LayerStack(tl.TransformerLayer):
     return NORMS[self._norm_type](x, context.model_dim,
                                   epsilon=self._norm_epsilon, name=name)
 
+  def residual_block(self, context, x, index, layer, scope):
+    """x + dropout(layer(norm(x))), the layer's variables under scope.
+
+    Example:
+      >>> x = stack.residual_block(context, x, 0, stack.layers[0],
+      ...                          "decoder/layer_000/SelfAttention")
+    """
+    context.layer_index = index
+    context.scope = scope
+    x = tl.annotate(context, x)   # the residual stream (GSPMD's BSM)
+    y = layer.call(context, self._norm(x, context, scope + "/norm"))
+    if not isinstance(y, graph_lib.Tensor) or y.shape != x.shape:
+      raise ValueError("LayerStack: layer %s returned %s; it must return a "
+                       "Tensor of shape %s" % (scope, getattr(y, "shape", y),
+                                               x.shape))
+    return x + tl.dropout(y, context, self._dropout_rate,
+                          name=scope + "/residual_dropout")
+
   def call(self, context, x):
     base = context.scope
     rate = self._dropout_rate
     x = tl.dropout(x, context, rate, name=base + "/input_dropout")
-    for i, layer in enumerate(self._layers):
-      context.layer_index = i
-      context.scope = "%s/layer_%03d/%s" % (base, i, layer.name)
-      x = tl.annotate(context, x)   # the residual stream (GSPMD's BSM)
-      y = layer.call(context, self._norm(x, context, context.scope + "/norm"))
-      if not isinstance(y, graph_lib.Tensor) or y.shape != x.shape:
-        raise ValueError("LayerStack: layer %s returned %s; it must return a "
-                         "Tensor of shape %s" % (context.scope, getattr(
-                             y, "shape", y), x.shape))
-      x = x + tl.dropout(y, context, rate,
-                         name=context.scope + "/residual_dropout")
+    if self.pipeline is not None:
+      x = self.pipeline.call_layers(self, context, x)
+    else:
+      for i, layer in enumerate(self._layers):
+        x = self.residual_block(context, x, i, layer, "%s/layer_%03d/%s" % (
+            base, i, layer.name))
     context.scope = base
     x = self._norm(tl.annotate(context, x), context, base + "/final_norm")
     return tl.dropout(x, context, rate, name=base + "/final_dropout")
@@ -534,12 +553,17 @@ class Bitransformer(object):
 def make_layer_stack(num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
                      dropout_rate=0.0, encdec=False, gated=False,
                      activation=None, norm_type="rms_norm",
-                     feedforward_layer_fn=None, norm_epsilon=1e-6):
+                     feedforward_layer_fn=None, norm_epsilon=1e-6,
+                     pipeline_stages=1, num_microbatches=1,
+                     circular_repeats=1):
   """A LayerStack of num_layers blocks: SelfAttention, EncDecAttention
   (encdec), then a feed-forward layer: DenseReluDense (relu), or
   GatedDenseReluDense (gelu) with gated=True, or feedforward_layer_fn(i)
   when given (a TransformerLayer or fn(x, context) -> y, e.g. an MoE
   layer every other block; returning None uses the default).
+  pipeline_stages, num_microbatches, circular_repeats: all 1 (the
+  default) runs the blocks in order; otherwise they run as a pipeline
+  (meshtf/models/pipeline.py) with the same numbers.
 
   Example:
     >>> stack = make_layer_stack(2, num_heads=4, d_kv=16, d_ff=64,
@@ -556,7 +580,11 @@ def make_layer_stack(num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
       ffn = cls(d_ff, dropout_rate, activation or (
           "gelu" if gated else "relu"))
     blocks.append(ffn)
-  return LayerStack(blocks, dropout_rate, norm_epsilon, norm_type)
+  pipe = None
+  if max(pipeline_stages, num_microbatches, circular_repeats) > 1:
+    pipe = pipeline_lib.LayerPipeline(pipeline_stages, num_microbatches,
+                                      circular_repeats)
+  return LayerStack(blocks, dropout_rate, norm_epsilon, norm_type, pipe)
 
 
 def make_unitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
@@ -573,7 +601,8 @@ def make_unitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
     ...                          d_ff=4096)
   """
   stack_keys = ("gated", "activation", "norm_type", "feedforward_layer_fn",
-                "norm_epsilon")
+                "norm_epsilon", "pipeline_stages", "num_microbatches",
+                "circular_repeats")
   stack_kwargs = {k: kwargs.pop(k) for k in stack_keys if k in kwargs}
   stack = make_layer_stack(num_layers, num_heads, d_kv, d_ff, dropout_rate,
                            **stack_kwargs)
@@ -593,7 +622,8 @@ def make_bitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
     >>> model = make_bitransformer(vocab_size=32000, num_layers=6)
   """
   stack_keys = ("gated", "activation", "norm_type", "feedforward_layer_fn",
-                "norm_epsilon")
+                "norm_epsilon", "pipeline_stages", "num_microbatches",
+                "circular_repeats")
   stack_kwargs = {k: kwargs.pop(k) for k in stack_keys if k in kwargs}
   encoder = Unitransformer(
       make_layer_stack(num_layers, num_heads, d_kv, d_ff, dropout_rate,

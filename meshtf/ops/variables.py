@@ -10,6 +10,8 @@ Example:
   >>> [v.name for v in graph.trainable_variables]
   ['w']
 """
+import contextlib
+
 import tensorflow as tf
 
 from meshtf import graph as graph_lib
@@ -81,6 +83,40 @@ class Variable(graph_lib.Operation):
                                  lowering.mesh_impl(self).read_variable(entry))
 
 
+# Custom getters (innermost last): TF1's variable_scope custom_getter for
+# meshtf. Pipelining (meshtf/models/pipeline.py) uses one to stack a layer's
+# variables along the stage dim without the layers knowing.
+_CUSTOM_GETTERS = []
+
+
+@contextlib.contextmanager
+def custom_getter(getter):
+  """While active, get_variable(mesh, name, shape, **kwargs) returns
+  getter(base, mesh, name, shape, **kwargs), where base is get_variable as
+  it would be without this getter (an outer getter, or the plain one).
+
+  Example:
+    >>> def doubled(base, mesh, name, shape, **kwargs):
+    ...   return base(mesh, name, shape, **kwargs) * 2.0
+    >>> with mtf.custom_getter(doubled):
+    ...   w2 = mtf.get_variable(mesh, "w", "io:4")   # 2 * the variable w
+  """
+  _CUSTOM_GETTERS.append(getter)
+  try:
+    yield
+  finally:
+    _CUSTOM_GETTERS.remove(getter)
+
+
+def _getter_chain(depth):
+  """get_variable through the custom getters below `depth` (0: none)."""
+  if depth == 0:
+    return _plain_get_variable
+  getter, base = _CUSTOM_GETTERS[depth - 1], _getter_chain(depth - 1)
+  return lambda mesh, name, shape, **kwargs: getter(base, mesh, name, shape,
+                                                    **kwargs)
+
+
 def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
                  trainable=True, activation_dtype=None, layout=None,
                  **unused_kwargs):
@@ -101,6 +137,19 @@ def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
     >>> w = mtf.get_variable(mesh, "w", [io, hidden],
     ...                      initializer=mtf.random_normal_initializer(stddev=0.1))
   """
+  if _CUSTOM_GETTERS:
+    return _getter_chain(len(_CUSTOM_GETTERS))(
+        mesh, name, shape, dtype=dtype, initializer=initializer,
+        trainable=trainable, activation_dtype=activation_dtype,
+        layout=layout)
+  return _plain_get_variable(mesh, name, shape, dtype, initializer,
+                             trainable, activation_dtype, layout)
+
+
+def _plain_get_variable(mesh, name, shape, dtype=tf.float32,
+                        initializer=None, trainable=True,
+                        activation_dtype=None, layout=None):
+  """get_variable without custom getters."""
   var = _existing_variable(mesh, name, shape, dtype)
   if var is None:
     var = Variable(mesh, name, shape, tf.as_dtype(dtype), initializer,

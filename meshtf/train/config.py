@@ -76,6 +76,12 @@ def default_config():
   c.z_loss = 1e-4
   c.positional_embedding = "learned"   # learned | sinusoidal | none
   c.shared_embedding_and_softmax_weights = False
+  # Pipeline parallelism (GSPMD 3.3; meshtf/models/pipeline.py): the layer
+  # stack split into pipeline_stages stages along a "stage" dim that the
+  # layout puts on a mesh axis of that size ("stage:pipe"); 1 = off.
+  c.pipeline_stages = 1
+  c.num_microbatches = 1       # the batch splits into this many
+  c.circular_repeats = 1       # layer chunks per stage (circular schedule)
 
   # --- Mixture of Experts (GShard) ------------------------------------------
   c.moe = ml_collections.ConfigDict()
@@ -370,11 +376,15 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
     except ConfigError as e:
       problems.extend(e.problems)
 
+  problems.extend(_pipeline_problems(config))
+
   # Task: a synthetic problem, text files or a local TFDS dataset.
   if check_data:
     problems.extend(_task_problems(config))
 
   layout = _mesh_problems(config, problems)
+  if layout is not None:
+    problems.extend(_stage_axis_problems(config, layout))
   if problems:
     raise ConfigError(problems)
   if check_layout:
@@ -382,6 +392,66 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
     if problem:
       raise ConfigError([problem])
   return layout
+
+
+def _pipeline_problems(config):
+  """The pipeline fields: positive integers that divide what they split."""
+  out = []
+  keys = ("pipeline_stages", "num_microbatches", "circular_repeats")
+  for key in keys:
+    value = config[key]
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+      out.append("%s=%r must be a positive integer (1: no pipelining): set "
+                 "--config.%s=1" % (key, value, key))
+  if out or max(config[k] for k in keys) == 1:
+    return out
+  stages, repeats = config.pipeline_stages, config.circular_repeats
+  if config.model_type != "lm":
+    out.append("pipeline_stages=%d: only model_type=lm can be pipelined: set "
+               "--config.pipeline_stages=1" % stages)
+  if config.moe.num_experts:
+    out.append("pipeline_stages=%d: MoE layers (moe.num_experts=%d) cannot be"
+               " pipelined: set --config.moe.num_experts=0 or "
+               "--config.pipeline_stages=1" % (stages, config.moe.num_experts))
+  if isinstance(config.num_layers, int) and config.num_layers % (
+      stages * repeats):
+    out.append("num_layers=%d is not divisible by pipeline_stages * "
+               "circular_repeats = %d * %d = %d: set --config.num_layers to "
+               "a multiple of %d, or fewer stages / repeats" % (
+                   config.num_layers, stages, repeats, stages * repeats,
+                   stages * repeats))
+  if isinstance(config.batch_size, int) and config.batch_size % (
+      config.num_microbatches):
+    out.append("batch_size=%d is not divisible by num_microbatches=%d: set "
+               "--batch_size to a multiple of %d or --config.num_microbatches"
+               " to a divisor of %d" % (
+                   config.batch_size, config.num_microbatches,
+                   config.num_microbatches, config.batch_size))
+  return out
+
+
+def _stage_axis_problems(config, layout):
+  """A pipeline's stage dim must be on a mesh axis of its size."""
+  stages = config.pipeline_stages
+  if not isinstance(stages, int) or stages <= 1:
+    return []
+  axes = layout.layout_rules.mesh_axis_names("stage")
+  mesh = str(config.mesh_shape)
+  if not axes:
+    return ["pipeline_stages=%d but --layout %r puts dim 'stage' on no mesh "
+            "axis: add 'stage:<axis>' naming a mesh axis of size %d (mesh "
+            "%r)" % (stages, str(config.layout), stages, mesh)]
+  sizes = {d.name: d.size for d in layout.mesh_shape.dims}
+  size = 1
+  for a in axes:
+    size *= sizes.get(a, 1)
+  if size != stages:
+    return ["pipeline_stages=%d but --layout %r puts dim 'stage' on mesh "
+            "axis %s of size %d (mesh %r): use a mesh axis of size %d for "
+            "'stage', or --config.pipeline_stages=%d" % (
+                stages, str(config.layout), "+".join(axes), size, mesh,
+                stages, size)]
+  return []
 
 
 def _task_problems(config):

@@ -124,7 +124,10 @@ def build_model(config, sink=None, mesh_layout=None):
     return transformer.make_unitransformer(
         config.vocab_size, num_layers=n,
         shared_embedding_and_softmax_weights=(
-            config.shared_embedding_and_softmax_weights), **common)
+            config.shared_embedding_and_softmax_weights),
+        pipeline_stages=config.pipeline_stages,
+        num_microbatches=config.num_microbatches,
+        circular_repeats=config.circular_repeats, **common)
   # Encoder and decoder stacks may differ in depth: build them here so each
   # gets MoE layers at its own indices.
   n_enc = config.num_layers

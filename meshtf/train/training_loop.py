@@ -265,6 +265,9 @@ def print_header(session, start_step):
                    format(counts["per_device"], ","),
                    format(counts["optimizer_per_device"], ",")),
   ]
+  if max(config.pipeline_stages, config.num_microbatches,
+         config.circular_repeats) > 1:
+    lines.append(pipeline_line(config))
   if session.rows is not None:
     w = session.workers
     lines.append("workers: %d (this is task %d%s); it reads batch rows %s of "
@@ -276,6 +279,28 @@ def print_header(session, start_step):
       if start_step else "new"))
   for l in lines:
     log(l)
+
+
+def pipeline_line(config):
+  """The header's pipeline line: stages, schedule, bubble fraction.
+
+  Example:
+    >>> pipeline_line(config)   # pipeline_stages=2, num_microbatches=4
+    'pipeline: 2 stages x 1 layers each, 4 microbatches of 16 rows, plain
+    schedule: 5 iterations, bubble fraction 0.200 (analytic)'
+  """
+  from meshtf.models import pipeline
+  schedule = pipeline.Schedule(config.pipeline_stages,
+                               config.num_microbatches,
+                               config.circular_repeats)
+  per_stage = config.num_layers // config.pipeline_stages
+  return ("pipeline: %d stages x %d layers each, %d microbatches of %d rows, "
+          "%s schedule: %d iterations, bubble fraction %.3f (analytic)" % (
+              config.pipeline_stages, per_stage, config.num_microbatches,
+              config.batch_size // config.num_microbatches,
+              "circular (%d repeats)" % config.circular_repeats
+              if config.circular_repeats > 1 else "plain",
+              schedule.num_iterations, schedule.bubble_fraction))
 
 
 def print_first_step(session, step_fn, first_step_s):
