@@ -38,20 +38,32 @@ class Graph(object):
     self._next_suffix = {}
 
   def unique_name(self, name):
-    """`name` if unused, else `name_1`, `name_2`, ..."""
-    if name not in self._names:
-      self._names.add(name)
+    """`name` if unused, else `name_1`, `name_2`, ...
+
+    As in Mesh TensorFlow (and TensorFlow), names are case-insensitive when
+    deciding whether they are taken, and a tf.compat.v1.variable_scope
+    prefixes them ("scope/name"): checkpoint names depend on both.
+
+    Example:
+      >>> g = Graph(); g.unique_name("a"), g.unique_name("A")
+      ('a', 'A_1')
+    """
+    scope = variable_scope_name()
+    if scope:
+      name = scope + "/" + name
+    key = name.lower()
+    if key not in self._names:
+      self._names.add(key)
       return name
     # Probing resumes after the last suffix handed out for `name` (all lower
     # ones are taken): the same names as probing from 1, without the
     # quadratic cost when a name ("mul") is reused thousands of times.
-    i = self._next_suffix.get(name, 1)
-    while "%s_%d" % (name, i) in self._names:
+    i = self._next_suffix.get(key, 1)
+    while "%s_%d" % (key, i) in self._names:
       i += 1
-    out = "%s_%d" % (name, i)
-    self._names.add(out)
-    self._next_suffix[name] = i + 1
-    return out
+    self._names.add("%s_%d" % (key, i))
+    self._next_suffix[key] = i + 1
+    return "%s_%d" % (name, i)
 
   def __repr__(self):
     return "Graph(%d operations)" % len(self.operations)
@@ -138,6 +150,12 @@ class Tensor(object):
   def __pow__(self, other):
     from meshtf.ops import elementwise
     return elementwise.pow(self, other)
+
+
+def variable_scope_name():
+  """The enclosing tf.compat.v1.variable_scope's name ('' outside any):
+  Mesh TF model code names its weights with these scopes."""
+  return tf.compat.v1.get_variable_scope().name
 
 
 _NAME_OK = re.compile(r"[A-Za-z0-9_.\-/]+")
