@@ -190,6 +190,10 @@ class Operation(object):
     self._outputs = []
     self._mesh = mesh
     base = name or _default_name(type(self).__name__)
+    if not _NAME_OK.fullmatch(base) and not self.creates_variable_slices:
+      # Mesh TF code names ops freely ("component-wise exp"); only a
+      # variable's name (its checkpoint key) must be exact.
+      base = re.sub(r"[^A-Za-z0-9_.\-/]", "_", base) or "op"
     if not _NAME_OK.fullmatch(base):
       raise ValueError("Bad operation name %r: use letters, digits, _ . - /"
                        % base)
@@ -226,6 +230,45 @@ class Operation(object):
     place every tensor of the graph but not this op (its own constraints,
     e.g. an einsum's dims on distinct axes). Called before any TF work."""
     del mesh_layout
+
+  # Mesh TensorFlow's splittability (auto_mtf reads it): the dim names the
+  # op needs whole on each processor; every other dim of its inputs and
+  # outputs is splittable.
+  def unsplittable_dim_names(self):
+    return frozenset()
+
+  def _all_dim_names(self):
+    return frozenset(d.name for t in self._inputs + self._outputs
+                     for d in t.shape.dims)
+
+  @property
+  def splittable_dims(self):
+    """Names of the dims a layout may split (frozenset)."""
+    return self._all_dim_names() - self.unsplittable_dims
+
+  @property
+  def unsplittable_dims(self):
+    """Names of the dims this op needs whole (frozenset)."""
+    return frozenset(self.unsplittable_dim_names()) & self._all_dim_names()
+
+  def _initialize_all_dimensions_as_splittable(self):
+    """(all dim names, frozenset()): Mesh TF's helper."""
+    return self._all_dim_names(), frozenset()
+
+  def _initialize_splittable_and_unsplittable_dims(
+      self, default_splittability, exception_dims_iterable=None):
+    """(splittable, unsplittable) names: every dim default_splittability
+    ("splittable" or "unsplittable") except exception_dims (Mesh TF)."""
+    if default_splittability not in ("splittable", "unsplittable"):
+      raise ValueError("default_splittability %r: use 'splittable' or "
+                       "'unsplittable'" % (default_splittability,))
+    exceptions = frozenset(d if isinstance(d, str) else d.name
+                           for d in (exception_dims_iterable or ()))
+    everything = self._all_dim_names()
+    flipped = everything & exceptions
+    if default_splittability == "splittable":
+      return everything - flipped, flipped
+    return flipped, everything - flipped
 
   inputs = property(lambda self: list(self._inputs))
   outputs = property(lambda self: list(self._outputs))
