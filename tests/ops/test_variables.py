@@ -199,7 +199,7 @@ def test_every_exported_variable_op_is_tested():
   assert exported == {"Variable", "get_variable", "assign", "assign_add",
                       "assign_sub", "Assign", "assign_slice",
                       "assign_add_slice", "assign_sub_slice", "read_variable",
-                      "VariableDType"}
+                      "VariableDType", "ReadVariable"}
 
 
 # --- Mesh TensorFlow's dtype and naming conventions ---------------------------
