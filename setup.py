@@ -22,8 +22,14 @@ setup(
     ],
     extras_require={
         # The tests read a TFDS dataset they prepare locally.
+        # mesh-tensorflow: Mesh TF 0.1.21's own tests and model library,
+        # run on meshtf by tests/compat (it does not import on TF >= 2.16
+        # by itself); its tests need gin, scipy and tensorflow-probability
+        # (with tf-keras).
         "test": ["pytest", "pytest-timeout", "hypothesis",
-                 "tensorflow-datasets", "importlib_resources"],
+                 "tensorflow-datasets", "importlib_resources",
+                 "mesh-tensorflow==0.1.21", "gin-config", "scipy",
+                 "tensorflow-probability", "tf-keras"],
         # Reading TFDS datasets from a local data_dir (never downloads);
         # importlib_resources: TFDS 4.9.10's download_and_prepare (tfds
         # build) imports it on Python >= 3.9 without declaring it.

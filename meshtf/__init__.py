@@ -142,6 +142,29 @@ from meshtf.ops.variables import assign_add_slice
 from meshtf.ops.variables import assign_slice
 from meshtf.ops.variables import assign_sub_slice
 from meshtf.ops.variables import read_variable
+from meshtf.ops.slicewise import GenericGradOperation
+from meshtf.ops.slicewise import SlicewiseOperation
+from meshtf.ops.slicewise import cwise
+from meshtf.ops.slicewise import slicewise
+# Mesh TensorFlow's Operation classes and ops.py helpers by their names.
+from meshtf.ops.mesh_tf_names import *  # noqa: F401,F403,E402
+from meshtf.ops.conv import ConvOperation  # noqa: E402
+from meshtf.ops.einsum import EinsumOperation  # noqa: E402
+from meshtf.ops.elementwise import BroadcastOperation  # noqa: E402
+from meshtf.ops.elementwise import ScalarMultiplyOperation  # noqa: E402
+from meshtf.ops.index import OneHotOperation  # noqa: E402
+from meshtf.ops.io import ImportOperation  # noqa: E402
+from meshtf.ops.passthrough import PrintOperation  # noqa: E402
+from meshtf.ops.reductions import ReduceOperation  # noqa: E402
+from meshtf.ops.shape_ops import ReshapeOperation  # noqa: E402
+from meshtf.ops.slicing import ConcatOperation  # noqa: E402
+from meshtf.ops.slicing import PadOperation  # noqa: E402
+from meshtf.ops.slicing import ShiftOperation  # noqa: E402
+from meshtf.ops.slicing import SliceOperation  # noqa: E402
+from meshtf.ops.slicing import SplitOperation  # noqa: E402
+from meshtf.ops.slicing import StackOperation  # noqa: E402
+from meshtf.ops.slicing import UnstackOperation  # noqa: E402
+from meshtf.ops.control import WhileLoopOperation  # noqa: E402
 from meshtf.shapes import Dimension
 from meshtf.shapes import Shape
 from meshtf.shapes import convert_to_dimension

@@ -38,20 +38,32 @@ class Graph(object):
     self._next_suffix = {}
 
   def unique_name(self, name):
-    """`name` if unused, else `name_1`, `name_2`, ..."""
-    if name not in self._names:
-      self._names.add(name)
+    """`name` if unused, else `name_1`, `name_2`, ...
+
+    As in Mesh TensorFlow (and TensorFlow), names are case-insensitive when
+    deciding whether they are taken, and a tf.compat.v1.variable_scope
+    prefixes them ("scope/name"): checkpoint names depend on both.
+
+    Example:
+      >>> g = Graph(); g.unique_name("a"), g.unique_name("A")
+      ('a', 'A_1')
+    """
+    scope = variable_scope_name()
+    if scope:
+      name = scope + "/" + name
+    key = name.lower()
+    if key not in self._names:
+      self._names.add(key)
       return name
     # Probing resumes after the last suffix handed out for `name` (all lower
     # ones are taken): the same names as probing from 1, without the
     # quadratic cost when a name ("mul") is reused thousands of times.
-    i = self._next_suffix.get(name, 1)
-    while "%s_%d" % (name, i) in self._names:
+    i = self._next_suffix.get(key, 1)
+    while "%s_%d" % (key, i) in self._names:
       i += 1
-    out = "%s_%d" % (name, i)
-    self._names.add(out)
-    self._next_suffix[name] = i + 1
-    return out
+    self._names.add("%s_%d" % (key, i))
+    self._next_suffix[key] = i + 1
+    return "%s_%d" % (name, i)
 
   def __repr__(self):
     return "Graph(%d operations)" % len(self.operations)
@@ -140,6 +152,12 @@ class Tensor(object):
     return elementwise.pow(self, other)
 
 
+def variable_scope_name():
+  """The enclosing tf.compat.v1.variable_scope's name ('' outside any):
+  Mesh TF model code names its weights with these scopes."""
+  return tf.compat.v1.get_variable_scope().name
+
+
 _NAME_OK = re.compile(r"[A-Za-z0-9_.\-/]+")
 
 
@@ -172,6 +190,10 @@ class Operation(object):
     self._outputs = []
     self._mesh = mesh
     base = name or _default_name(type(self).__name__)
+    if not _NAME_OK.fullmatch(base) and not self.creates_variable_slices:
+      # Mesh TF code names ops freely ("component-wise exp"); only a
+      # variable's name (its checkpoint key) must be exact.
+      base = re.sub(r"[^A-Za-z0-9_.\-/]", "_", base) or "op"
     if not _NAME_OK.fullmatch(base):
       raise ValueError("Bad operation name %r: use letters, digits, _ . - /"
                        % base)
@@ -208,6 +230,45 @@ class Operation(object):
     place every tensor of the graph but not this op (its own constraints,
     e.g. an einsum's dims on distinct axes). Called before any TF work."""
     del mesh_layout
+
+  # Mesh TensorFlow's splittability (auto_mtf reads it): the dim names the
+  # op needs whole on each processor; every other dim of its inputs and
+  # outputs is splittable.
+  def unsplittable_dim_names(self):
+    return frozenset()
+
+  def _all_dim_names(self):
+    return frozenset(d.name for t in self._inputs + self._outputs
+                     for d in t.shape.dims)
+
+  @property
+  def splittable_dims(self):
+    """Names of the dims a layout may split (frozenset)."""
+    return self._all_dim_names() - self.unsplittable_dims
+
+  @property
+  def unsplittable_dims(self):
+    """Names of the dims this op needs whole (frozenset)."""
+    return frozenset(self.unsplittable_dim_names()) & self._all_dim_names()
+
+  def _initialize_all_dimensions_as_splittable(self):
+    """(all dim names, frozenset()): Mesh TF's helper."""
+    return self._all_dim_names(), frozenset()
+
+  def _initialize_splittable_and_unsplittable_dims(
+      self, default_splittability, exception_dims_iterable=None):
+    """(splittable, unsplittable) names: every dim default_splittability
+    ("splittable" or "unsplittable") except exception_dims (Mesh TF)."""
+    if default_splittability not in ("splittable", "unsplittable"):
+      raise ValueError("default_splittability %r: use 'splittable' or "
+                       "'unsplittable'" % (default_splittability,))
+    exceptions = frozenset(d if isinstance(d, str) else d.name
+                           for d in (exception_dims_iterable or ()))
+    everything = self._all_dim_names()
+    flipped = everything & exceptions
+    if default_splittability == "splittable":
+      return everything - flipped, flipped
+    return flipped, everything - flipped
 
   inputs = property(lambda self: list(self._inputs))
   outputs = property(lambda self: list(self._outputs))

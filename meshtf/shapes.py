@@ -69,7 +69,10 @@ def convert_to_dimension(d):
     return d   # checked when it was made
   try:
     name, size = d
-  except (TypeError, ValueError):
+  except TypeError:   # Mesh TF raises TypeError for a non-pair (e.g. 5)
+    raise TypeError("Bad dimension %r: expected a Dimension or a (str name, "
+                    "int size) pair" % (d,)) from None
+  except ValueError:
     raise ValueError("Bad dimension %r: expected a Dimension or a (str name, "
                      "int size) pair" % (d,)) from None
   if isinstance(size, str) and re.fullmatch(r"\s*\d+\s*", size):

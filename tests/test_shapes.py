@@ -84,3 +84,16 @@ def test_sizes_are_plain_ints_and_zero_is_an_empty_dimension():
     lowering = mtf.Lowering(graph, {mesh: impl})
     assert lowering.export_to_tf_tensor(total).numpy().tolist() == [0.0] * 4
     assert lowering.export_to_tf_tensor(x).shape == (0, 4)
+
+
+def test_mesh_tensorflow_conventions():
+  """Mesh TF's forms: '.' between rules, TypeError for a non-pair dim,
+  case-insensitive unique names, mesh_axis_to_tensor_axis as a tuple."""
+  assert mtf.convert_to_layout_rules("d_ff:model.heads:model").pairs == [
+      ("d_ff", "model"), ("heads", "model")]
+  with pytest.raises(TypeError, match="Bad dimension 5"):
+    mtf.convert_to_dimension(5)
+  graph = mtf.Graph()
+  assert [graph.unique_name(n) for n in ("a", "A", "a_1")] == [
+      "a", "A_1", "a_1_1"]
+  assert mtf.TensorLayout([0, 2, 1]).mesh_axis_to_tensor_axis(2) == (0, 2)

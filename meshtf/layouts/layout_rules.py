@@ -16,7 +16,7 @@ import re
 
 from meshtf.layouts import errors
 
-_RULE_SPLIT = re.compile(r"[;,\s]+")
+_RULE_SPLIT = re.compile(r"[;,.\s]+")  # Mesh TF also allows "."
 AXIS_JOIN = "+"  # "batch:x+y": one dim over several mesh axes, major first
 _AXIS_NAME = re.compile(r"[A-Za-z0-9_\-]+")
 
@@ -135,7 +135,7 @@ class LayoutRules(object):
 def convert_to_layout_rules(x):
   """Converts a LayoutRules, string, dict or list of pairs to LayoutRules.
 
-  Strings list dim:axes pairs separated by ';', ',' or spaces; several
+  Strings list dim:axes pairs separated by ';', ',', '.' or spaces; several
   axes for one dim are joined by '+'. Dict and pair values may also be
   tuples of axis names.
 

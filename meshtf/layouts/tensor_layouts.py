@@ -76,12 +76,19 @@ class TensorLayout(object):
     return not any(self._axes)
 
   def mesh_axis_to_tensor_axis(self, mesh_ndims):
-    """For each mesh axis, the tensor axis split over it, or None."""
+    """For each of the first mesh_ndims mesh axes, the tensor axis split
+    over it, or None (a tuple, as in Mesh TensorFlow).
+
+    Example:
+      >>> TensorLayout([0, 2, 1]).mesh_axis_to_tensor_axis(2)
+      (0, 2)
+    """
     out = [None] * mesh_ndims
     for tensor_axis, axes in enumerate(self._axes):
       for mesh_axis in axes:
-        out[mesh_axis] = tensor_axis
-    return out
+        if mesh_axis < mesh_ndims:
+          out[mesh_axis] = tensor_axis
+    return tuple(out)
 
   def split_mesh_axes(self):
     return sorted(m for axes in self._axes for m in axes)

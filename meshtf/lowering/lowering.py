@@ -16,6 +16,8 @@ Example:
 """
 import collections
 
+import tensorflow as tf
+
 from meshtf import graph as graph_lib
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import variables as variables_lib
@@ -284,6 +286,21 @@ class Lowering(object):
 
   def lowered_operation(self, op):
     return self.operations.get(op)
+
+  # Mesh TensorFlow kept a master copy of each variable besides its slices
+  # and copied between them; meshtf keeps only the slices, so both copies
+  # are no-ops (returned as ops so that TF1-style code can run them).
+  def copy_masters_to_slices(self):
+    """A no-op: meshtf stores no master copies (Mesh TF compatibility).
+
+    Example:
+      >>> lowering.copy_masters_to_slices()   # doctest: +SKIP
+    """
+    return tf.no_op(name="copy_masters_to_slices")
+
+  def copy_slices_to_masters(self):
+    """A no-op: meshtf stores no master copies (Mesh TF compatibility)."""
+    return tf.no_op(name="copy_slices_to_masters")
 
   # --- results -----------------------------------------------------------
   def export_to_tf_tensor(self, x):

@@ -118,7 +118,11 @@ class MeshImpl(object):
   # processor (PlacementMeshImpl).
   is_spmd = False
 
-  def __init__(self, shape, layout=None, devices=None):
+  def __init__(self, shape, layout=None, devices=None, layout_rules=None):
+    if layout_rules is not None:   # Mesh TF's MeshImpl(shape, layout_rules)
+      if layout is not None:
+        raise ValueError("MeshImpl: pass layout or layout_rules, not both")
+      layout = layout_rules
     self._layout = mesh_layout_lib.MeshLayout.convert(shape, layout)
     self._recorder = None
     self._devices = None
@@ -133,6 +137,8 @@ class MeshImpl(object):
   ndims = property(lambda self: self._layout.ndims)
   size = property(lambda self: self._layout.size)
   devices = property(lambda self: list(self._devices or []))
+  # Mesh TF's flag: control dependencies between lowered ops work here.
+  supports_control_dependencies = True
 
   def __repr__(self):
     return "%s(%s, %r)" % (type(self).__name__, self.shape, self.layout_rules)

@@ -19,37 +19,9 @@ import tensorflow as tf
 from meshtf.ops import variables
 
 
-class VariableDType(object):
-  """Datatypes of a variable: master, per-processor slice, activation.
-
-  Example:
-    >>> vdt = VariableDType(master_dtype=tf.float32,
-    ...                     activation_dtype=tf.bfloat16)
-    >>> w = get_variable(mesh, "w", [io, hidden], dtype=vdt)   # bfloat16
-  """
-
-  def __init__(self, master_dtype=tf.float32, slice_dtype=None,
-               activation_dtype=None):
-    self._master_dtype = tf.as_dtype(master_dtype)
-    self._slice_dtype = tf.as_dtype(slice_dtype or master_dtype)
-    self._activation_dtype = tf.as_dtype(activation_dtype or master_dtype)
-
-  master_dtype = property(lambda self: self._master_dtype)
-  slice_dtype = property(lambda self: self._slice_dtype)
-  activation_dtype = property(lambda self: self._activation_dtype)
-
-  def _key(self):
-    return (self._master_dtype, self._slice_dtype, self._activation_dtype)
-
-  def __eq__(self, other):
-    return isinstance(other, VariableDType) and self._key() == other._key()
-
-  def __hash__(self):
-    return hash(self._key())
-
-  def __repr__(self):
-    return "VariableDType(master=%s, slice=%s, activation=%s)" % tuple(
-        d.name for d in self._key())
+# Defined with the variables (mtf.get_variable takes it too); here for the
+# models' imports.
+VariableDType = variables.VariableDType
 
 
 def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
@@ -66,9 +38,6 @@ def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
     >>> w.dtype.name, w.operation.inputs[0].dtype.name
     ('bfloat16', 'float32')
   """
-  if isinstance(dtype, VariableDType):
-    kwargs["activation_dtype"] = dtype.activation_dtype
-    dtype = dtype.slice_dtype
   return variables.get_variable(mesh, name, shape, dtype=dtype,
                                 initializer=initializer, trainable=trainable,
                                 **kwargs)

@@ -277,7 +277,8 @@ def rename_length_to_memory_length(x, length_name="length"):
 
 
 def dot_product_attention(q, k, v, mask, dropout=0.0,
-                          dropout_broadcast_dims=None, extra_logit=None):
+                          dropout_broadcast_dims=None, extra_logit=None,
+                          is_training=None):
   """softmax(q . k + mask) . v, no scaling (fold it into q).
 
   q: [..., length, d_k]; k: [..., memory_length, d_k]; v: [...,
@@ -296,6 +297,8 @@ def dot_product_attention(q, k, v, mask, dropout=0.0,
       mask = mtf.cast(mask, logits.dtype)
     logits = mtf.add(logits, mask, output_shape=logits_shape)
   weights = mtf.softmax(logits, length_kv, extra_logit=extra_logit)
+  if is_training is False:   # Mesh TF's flag: no dropout outside training
+    dropout = 0.0
   weights = _dropout(weights, dropout, dropout_broadcast_dims,
                      "attention_dropout")
   depth_v = v.shape.dims[-1]
@@ -529,7 +532,8 @@ def batch_norm(x, is_training, momentum, epsilon=1e-9, dims_idx_start=0,
 def masked_local_attention_1d(x, kv_channels, heads, window_size=128,
                               master_dtype=tf.float32,
                               slice_dtype=tf.float32, length_per_split=None,
-                              return_kv=None, params=None, name=None):
+                              return_kv=None, params=None, name=None,
+                              is_training=None):
   """Causal local self-attention: position p attends to positions
   (p - window_size, p] (Mesh TensorFlow's mtf.layers signature).
 
@@ -639,3 +643,32 @@ __all__ = [
 from meshtf.models.conv_layers import *  # noqa: E402,F401,F403
 from meshtf.models import conv_layers as _conv_layers  # noqa: E402
 __all__ += _conv_layers.__all__
+
+
+def weights_nonzero(targets, dtype=tf.float32):
+  """1 where targets != 0, else 0 (Mesh TF's loss weights for padded ids).
+
+  Example:
+    >>> w = layers.weights_nonzero(targets)   # float32, targets' shape
+  """
+  return mtf.cast(mtf.not_equal(targets, mtf.zeros_like(targets)), dtype)
+
+
+def corr(x, dim, epsilon=1e-20, name="pearson_correlation"):
+  """Pearson correlation between the entries of dim, over all other dims
+  (tfp.stats.correlation with dim as the event axis). Returns
+  [dim_1, dim_2] (dim renamed twice).
+
+  Example:
+    >>> c = layers.corr(x, channels)   # [channels_1:3, channels_2:3]
+  """
+  del name
+  centered = x - mtf.reduce_mean(x, output_shape=[dim])
+  a = mtf.rename_dimension(centered, dim.name, dim.name + "_1")
+  b = mtf.rename_dimension(centered, dim.name, dim.name + "_2")
+  d1, d2 = a.shape.get_dim_by_name(dim.name + "_1"), b.shape.get_dim_by_name(
+      dim.name + "_2")
+  cov = mtf.einsum([a, b], output_shape=[d1, d2])
+  norm_a = mtf.sqrt(mtf.reduce_sum(mtf.square(a), output_shape=[d1])) + epsilon
+  norm_b = mtf.sqrt(mtf.reduce_sum(mtf.square(b), output_shape=[d2])) + epsilon
+  return cov / (norm_a * norm_b)

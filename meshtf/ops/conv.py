@@ -391,6 +391,12 @@ class ConvOperation(_ConvBase):
     self._geom, self._x_shape = geom, conv_input.shape
     self._outputs = [graph_lib.Tensor(self, geom.y_shape, conv_input.dtype)]
 
+  def unsplittable_dim_names(self):
+    """Mesh TF's unsplittable_dims: spatial and filter-spatial dims (meshtf
+    splits spatial dims with a halo exchange; this is for Mesh TF code)."""
+    g = self._geom
+    return frozenset(d.name for d in list(g.within) + list(g.filter_spatial))
+
   def gradient(self, grad_ys):
     x, f = self._inputs
     g, dy = self._geom, grad_ys[0]

@@ -13,7 +13,9 @@ Example:
   >>> init.fans([3, 4])
   (3, 4)
 """
+import inspect
 import math
+import warnings
 
 import numpy as np
 import tensorflow as tf
@@ -96,11 +98,7 @@ class ConstantInitializer(Initializer):
     if list(full.shape) != list(full_shape):
       raise ValueError("ConstantInitializer value has shape %s, variable "
                        "has %s" % (list(full.shape), list(full_shape)))
-    begin = tf.cast(begin, tf.int32)
-    # The last slices of an uneven split reach past the variable's end.
-    past = tf.maximum(begin + slice_shape - list(full_shape), 0)
-    full = tf.pad(full, tf.stack([tf.zeros_like(past), past], axis=1))
-    return tf.slice(full, begin, slice_shape)
+    return _slice_of(full, begin, slice_shape, full_shape)
 
 
 class RandomNormalInitializer(Initializer):
@@ -221,11 +219,83 @@ def convert_initializer(init):
   if name in _BY_CLASS_NAME:
     config = init.get_config() if hasattr(init, "get_config") else {}
     return _BY_CLASS_NAME[name](config)
+  if callable(init):
+    return FullValueInitializer(init)
   raise TypeError(
-      "Initializer %r is not layout-invariant in meshtf; use one of "
-      "mtf.initializers (zeros, ones, constant, random_normal, "
-      "truncated_normal, random_uniform, variance_scaling) or a Keras "
-      "initializer of a known class (%s)" % (init, sorted(_BY_CLASS_NAME)))
+      "Initializer %r is neither a callable nor a known initializer; use "
+      "one of mtf.initializers (zeros, ones, constant, random_normal, "
+      "truncated_normal, random_uniform, variance_scaling), a Keras "
+      "initializer, or a function (shape, dtype) -> value" % (init,))
+
+
+class FullValueInitializer(Initializer):
+  """Any callable initializer fn(shape, dtype=...) -> full value (Mesh TF
+  code passes these: TF1 initializers, lambdas, mocks).
+
+  meshtf cannot compute one slice of it alone, so the full value is made
+  once per variable on the host and each processor takes its slice: the
+  same numbers on every layout within one run, but the host holds the
+  whole variable once, and a random fn draws from TensorFlow's global RNG
+  (not meshtf's keyed one), so two runs or two Lowerings differ. A warning
+  says so; mtf.initializers are layout-invariant without these costs.
+
+  Example:
+    >>> init = convert_initializer(lambda shape, dtype: tf.ones(shape, dtype))
+    >>> type(init).__name__
+    'FullValueInitializer'
+  """
+
+  def __init__(self, fn):
+    self.fn = fn
+    self._last = (None, None)   # (variable key, full value): slices of one
+    # variable are made one after the other, so one entry suffices.
+    warnings.warn(
+        "initializer %r is not one of mtf.initializers: meshtf computes its "
+        "full value once per variable on the host and slices it (not "
+        "layout-invariant across runs if it is random; the host holds the "
+        "whole variable)" % (fn,), stacklevel=4)
+
+  def cache_key(self):
+    return None
+
+  def full_value(self, key, full_shape, dtype):
+    """The variable's whole initial value (computed once per key)."""
+    cache = (tuple(np.asarray(key).tolist()), tuple(full_shape), dtype)
+    if self._last[0] != cache:
+      with tf.init_scope():
+        value = _call_initializer(self.fn, list(full_shape), dtype)
+        value = tf.cast(tf.convert_to_tensor(value), dtype)
+      if value.shape.as_list() != list(full_shape):
+        raise ValueError(
+            "initializer %r returned shape %s for a variable of shape %s" % (
+                self.fn, value.shape.as_list(), list(full_shape)))
+      self._last = (cache, value)
+    return self._last[1]
+
+  def slice_value(self, key, begin, slice_shape, full_shape, dtype):
+    return _slice_of(self.full_value(key, full_shape, dtype), begin,
+                     slice_shape, full_shape)
+
+
+def _call_initializer(fn, shape, dtype):
+  """fn(shape, dtype=dtype) if fn takes a dtype (TF/Keras initializers and
+  Mesh TF's test functions do), else fn(shape)."""
+  try:
+    params = inspect.signature(fn).parameters.values()
+  except (TypeError, ValueError):   # no signature: try the usual form
+    return fn(shape, dtype=dtype)
+  if any(p.name == "dtype" or p.kind == p.VAR_KEYWORD for p in params):
+    return fn(shape, dtype=dtype)
+  return fn(shape)
+
+
+def _slice_of(full, begin, slice_shape, full_shape):
+  """The slice at begin of full; the last slices of an uneven split reach
+  past the variable's end and are padded."""
+  begin = tf.cast(begin, tf.int32)
+  past = tf.maximum(begin + slice_shape - list(full_shape), 0)
+  full = tf.pad(full, tf.stack([tf.zeros_like(past), past], axis=1))
+  return tf.slice(full, begin, slice_shape)
 
 
 zeros_initializer = ZerosInitializer

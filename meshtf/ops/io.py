@@ -223,6 +223,8 @@ class ConstantOperation(graph_lib.Operation):
     super().__init__([], mesh=mesh, name=name or "constant")
     shape = shapes.convert_to_shape(shape)
     value = np.asarray(value, dtype=tf.as_dtype(dtype).as_numpy_dtype)
+    if value.ndim == 0:   # a scalar fills the shape (Mesh TF's Constant)
+      value = np.full(shape.to_integer_list, value)
     if list(value.shape) != shape.to_integer_list:
       raise ValueError("constant: value has shape %s but shape %s has sizes %s"
                        % (list(value.shape), shape, shape.to_integer_list))

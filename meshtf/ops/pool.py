@@ -43,6 +43,11 @@ class _PoolBase(graph_lib.Operation):
   def _spatial(self):
     return self._x_shape.dims[-(self._nd + 1):-1]
 
+  def unsplittable_dim_names(self):
+    """Mesh TF's unsplittable_dims: the spatial dims (meshtf can split
+    them when windows tile the stripes; validate_layout checks that)."""
+    return frozenset(d.name for d in self._spatial)
+
   def validate_layout(self, mesh_layout):
     for d, k in zip(self._spatial, self._ksize):
       a = mesh_layout.split_axis(d)

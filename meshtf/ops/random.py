@@ -70,13 +70,37 @@ def random_normal(mesh, shape, mean=0.0, stddev=1.0, dtype=tf.float32, seed=0,
                          name).outputs[0]
 
 
-def dropout(x, keep_prob=None, noise_shape=None, rate=None, seed=0, name=None):
+def dropout(x, *args, keep_prob=None, noise_shape=None, rate=None, seed=0,
+            name=None, is_training=None):
   """Zeroes elements with probability rate (= 1 - keep_prob) and scales the
   rest by 1 / keep_prob; the mask is layout-invariant.
 
+  Positional arguments follow meshtf's order (keep_prob, noise_shape, rate,
+  seed, name), or Mesh TensorFlow's (is_training, keep_prob, rate,
+  noise_shape, name) when the first is a bool; is_training=False returns x.
+
   Example:
     >>> h = mtf.dropout(h, rate=0.1)
+    >>> h = mtf.dropout(h, False, rate=0.1)   # Mesh TF's form: not training
   """
+  mesh_tf_form = bool(args) and isinstance(args[0], bool)
+  order = (("is_training", "keep_prob", "rate", "noise_shape", "name")
+           if mesh_tf_form else
+           ("keep_prob", "noise_shape", "rate", "seed", "name"))
+  if len(args) > len(order):
+    raise TypeError("dropout: at most %d positional arguments after x (%s)"
+                    % (len(order), ", ".join(order)))
+  given = dict(zip(order, args))
+  keep_prob = given.get("keep_prob", keep_prob)
+  noise_shape = given.get("noise_shape", noise_shape)
+  rate = given.get("rate", rate)
+  seed = given.get("seed", seed)
+  name = given.get("name", name)
+  is_training = given.get("is_training", is_training)
+  if is_training is False:
+    return x
+  if is_training is not None and keep_prob is None and rate is None:
+    rate = 0.0   # Mesh TF's default
   if (keep_prob is None) == (rate is None):
     raise ValueError("dropout: give exactly one of keep_prob and rate")
   keep_prob = 1.0 - rate if keep_prob is None else keep_prob

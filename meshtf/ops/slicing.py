@@ -90,7 +90,15 @@ class _FloatGradient(object):
 
 
 # --- slice / pad -------------------------------------------------------------
-class SliceOperation(_FloatGradient, graph_lib.Operation):
+class _WholeDim(object):
+  """An op that needs its dim (self._dim) whole on each processor: Mesh
+  TF's unsplittable_dims (meshtf's lowering gathers it if it is split)."""
+
+  def unsplittable_dim_names(self):
+    return frozenset([self._dim.name])
+
+
+class SliceOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """x[..., begin:begin + size, ...] along slice_dim_name; the output dim
   keeps the name, with the new size."""
 
@@ -133,7 +141,7 @@ def mtf_slice(x, begin, size, slice_dim_name, name=None):
 slice = mtf_slice  # pylint: disable=redefined-builtin
 
 
-class PadOperation(_FloatGradient, graph_lib.Operation):
+class PadOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """Zeros before and after x along dim_name (same name, larger size)."""
 
   def __init__(self, x, paddings, dim_name, name=None):
@@ -203,6 +211,9 @@ class ConcatOperation(_FloatGradient, graph_lib.Operation):
     self._outputs = [graph_lib.Tensor(
         self, _resized(xs[0].shape, axis, sum(self._sizes)), xs[0].dtype)]
 
+  def unsplittable_dim_names(self):
+    return frozenset([self._outputs[0].shape.dims[self._axis].name])
+
   def gradient(self, grad_ys):
     name = self._outputs[0].shape.dims[self._axis].name
     out, begin = [], 0
@@ -235,7 +246,7 @@ def concat(xs, concat_dim_name, name=None):
   return ConcatOperation(xs, concat_dim_name, name=name).outputs[0]
 
 
-class SplitOperation(_FloatGradient, graph_lib.Operation):
+class SplitOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """Pieces of x along split_dim (each keeps the name, with its size)."""
 
   def __init__(self, x, split_dim, num_or_size_splits, name=None):
@@ -285,7 +296,7 @@ def split(x, split_dim, num_or_size_splits, name=None):
 
 
 # --- stack / unstack ---------------------------------------------------------
-class StackOperation(_FloatGradient, graph_lib.Operation):
+class StackOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """Equal-shaped xs stacked along a new dim dim_name:len(xs) at `axis`."""
 
   def __init__(self, xs, dim_name, axis, name=None):
@@ -335,7 +346,7 @@ def stack(xs, dim_name, axis=0, name=None):
   return StackOperation(xs, dim_name, axis, name=name).outputs[0]
 
 
-class UnstackOperation(_FloatGradient, graph_lib.Operation):
+class UnstackOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """One tensor per index of dim, without that dim."""
 
   def __init__(self, x, dim, name=None):

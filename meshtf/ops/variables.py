@@ -21,11 +21,60 @@ from meshtf.lowering import variables as variables_lib
 from meshtf.ops import initializers
 
 
+class VariableDType(object):
+  """Datatypes of a variable: master, per-processor slice, activation.
+
+  Example:
+    >>> vdt = VariableDType(master_dtype=tf.float32,
+    ...                     activation_dtype=tf.bfloat16)
+    >>> w = mtf.get_variable(mesh, "w", [io, hidden], dtype=vdt)  # bfloat16
+  """
+
+  def __init__(self, master_dtype=tf.float32, slice_dtype=None,
+               activation_dtype=None):
+    master_dtype = master_dtype or tf.float32
+    self._master_dtype = tf.as_dtype(master_dtype)
+    self._slice_dtype = tf.as_dtype(slice_dtype or master_dtype)
+    self._activation_dtype = tf.as_dtype(activation_dtype or master_dtype)
+
+  master_dtype = property(lambda self: self._master_dtype)
+  slice_dtype = property(lambda self: self._slice_dtype)
+  activation_dtype = property(lambda self: self._activation_dtype)
+
+  def _key(self):
+    return (self._master_dtype, self._slice_dtype, self._activation_dtype)
+
+  def __eq__(self, other):
+    return isinstance(other, VariableDType) and self._key() == other._key()
+
+  def __hash__(self):
+    return hash(self._key())
+
+  def __repr__(self):
+    return "VariableDType(master=%s, slice=%s, activation=%s)" % tuple(
+        d.name for d in self._key())
+
+
+def _split_dtype(dtype, master_dtype=None, slice_dtype=None,
+                 activation_dtype=None):
+  """(stored dtype, activation dtype or None) of a get_variable dtype: a
+  tf.DType or a VariableDType, with Mesh TF's deprecated per-part
+  overrides. meshtf stores the slice dtype (there is no master copy)."""
+  if dtype is None:
+    dtype = VariableDType(master_dtype, slice_dtype, activation_dtype)
+  if isinstance(dtype, VariableDType):
+    return dtype.slice_dtype, dtype.activation_dtype
+  stored = tf.as_dtype(slice_dtype or master_dtype or dtype)
+  return stored, (tf.as_dtype(activation_dtype) if activation_dtype
+                  else None)
+
+
 class Variable(graph_lib.Operation):
   """A variable; its output is the value at this point of the graph."""
 
   def __init__(self, mesh, name, shape, dtype, initializer, trainable=True,
-               layout=None):
+               layout=None, **unused_kwargs):
+    dtype, _ = _split_dtype(dtype)   # a VariableDType stores its slice dtype
     if layout is not None:
       from meshtf.ops import annotations
       self.layout_spec = annotations.annotation_rules(
@@ -133,10 +182,18 @@ def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
   variable_rules); computations that want it otherwise relay it when they
   read it (see meshtf/layouts/assignment.py).
 
+  dtype: a tf.DType, or a VariableDType (stored in its slice dtype, returned
+  in its activation dtype). Inside a tf.compat.v1.variable_scope the name is
+  prefixed with the scope's, as in Mesh TensorFlow.
+
   Example:
     >>> w = mtf.get_variable(mesh, "w", [io, hidden],
     ...                      initializer=mtf.random_normal_initializer(stddev=0.1))
   """
+  dtype, vdt_activation = _split_dtype(
+      dtype, unused_kwargs.get("master_dtype"),
+      unused_kwargs.get("slice_dtype"), activation_dtype)
+  activation_dtype = activation_dtype or vdt_activation
   if _CUSTOM_GETTERS:
     return _getter_chain(len(_CUSTOM_GETTERS))(
         mesh, name, shape, dtype=dtype, initializer=initializer,
@@ -149,11 +206,12 @@ def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
 def _plain_get_variable(mesh, name, shape, dtype=tf.float32,
                         initializer=None, trainable=True,
                         activation_dtype=None, layout=None):
-  """get_variable without custom getters."""
-  var = _existing_variable(mesh, name, shape, dtype)
+  """get_variable without custom getters (dtype already a tf.DType)."""
+  scope = graph_lib.variable_scope_name()
+  var = _existing_variable(mesh, scope + "/" + name if scope else name,
+                           shape, dtype)
   if var is None:
-    var = Variable(mesh, name, shape, tf.as_dtype(dtype), initializer,
-                   trainable, layout)
+    var = Variable(mesh, name, shape, dtype, initializer, trainable, layout)
   out = var.outputs[0]
   if activation_dtype is not None and tf.as_dtype(activation_dtype) != out.dtype:
     from meshtf.ops import elementwise

@@ -551,3 +551,22 @@ def test_layers_on_uneven_splits():
            "x": "batch:cols;d_model:rows", "logits": "batch:rows+cols",
            "c": "channels:rows;length:cols"}))],
       wrt=["x", "logits", "c"], reference=ref, rtol=1e-4, atol=1e-4)
+
+
+def test_corr_and_weights_nonzero_as_mesh_tf():
+  """Mesh TF's layers.corr (tfp.stats.correlation, channels as the event
+  axis) and weights_nonzero, on a layout that splits the sample dim."""
+  x = harness.random_array([8, 3], 11)
+  t = np.array([[0, 3, 1], [2, 0, 0]] * 4, np.float32)
+
+  def reference(v):
+    c = v["x"] - tf.reduce_mean(v["x"], axis=0)
+    cov = tf.einsum("bi,bj->ij", c, c)
+    n = tf.sqrt(tf.reduce_sum(c * c, axis=0))
+    return {"c": cov / (n[:, None] * n[None]),
+            "w": tf.cast(tf.not_equal(v["t"], 0), tf.float32)}
+  harness.assert_layout_invariant(
+      lambda mesh, v: {"c": mtf.layers.corr(v["x"], v["x"].shape.dims[1]),
+                       "w": mtf.layers.weights_nonzero(v["t"])},
+      {"x": (x, "batch:8;channels:3"), "t": (t, "batch:8;channels:3")},
+      [("all:4", "batch:all")], reference=reference)

@@ -261,11 +261,31 @@ def test_glorot_uniform_conversion_parameters():
 
 
 def test_unknown_initializer_rejected():
-  with pytest.raises(TypeError, match="not layout-invariant"):
-    initializers.convert_initializer(tf.keras.initializers.Orthogonal())
-  with pytest.raises(TypeError, match="not layout-invariant"):
-    mtf.get_variable(mtf.Mesh(mtf.Graph(), "m"), "w", SHAPE,
-                     initializer=lambda shape: tf.zeros(shape))
+  with pytest.raises(TypeError, match="neither a callable"):
+    initializers.convert_initializer("glorot")
+
+
+@pytest.mark.parametrize("layout", [("all:1", ""), ("rows:2;cols:4",
+                                                    "a:rows;b:cols")])
+def test_callable_initializer_computes_full_value_then_slices(layout):
+  """Mesh TF code passes any callable (a lambda, a TF1 or Keras
+  initializer meshtf cannot slice): accepted with a warning; its full value
+  is made once and each processor takes its slice."""
+  full = np.arange(24, dtype=np.float32).reshape(4, 6)
+  calls = []
+
+  def init(shape, dtype=None, **unused):
+    calls.append(list(shape))
+    return full
+
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  with pytest.warns(UserWarning, match="full value once"):
+    w = mtf.get_variable(mesh, "w", "a:4;b:6", initializer=init)
+  impl = harness.make_impl("placement", *layout)
+  lowering = mtf.Lowering(graph, {mesh: impl})
+  np.testing.assert_array_equal(lowering.export_to_tf_tensor(w), full)
+  assert calls == [[4, 6]]   # once, not once per slice
 
 
 def test_variance_scaling_rejects_bad_arguments():

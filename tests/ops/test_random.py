@@ -57,3 +57,14 @@ def test_random_ops_uneven_layouts():
                        ("rows:2;cols:4", harness.annotated(
                            "io:cols", {"x": "batch:cols;io:rows"}))],
       wrt=["x"], rtol=0, atol=0)
+
+
+def test_dropout_mesh_tf_form():
+  """Mesh TF's dropout(x, is_training, keep_prob/rate): not training gives
+  x; training the same mask as meshtf's form."""
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  x = mtf.ones(mesh, "batch:8;io:4")
+  assert mtf.dropout(x, False, rate=0.5) is x
+  assert mtf.dropout(x, True) is x    # rate 0 by default, as in Mesh TF
+  y = mtf.dropout(x, True, 0.75)      # keep_prob positionally
+  assert y.shape == x.shape and y is not x

@@ -347,7 +347,8 @@ def test_every_exported_shape_op_is_tested():
                                               None) == shape_ops.__name__}
   assert exported == {"reshape", "rename_dimension", "replace_dimensions",
                       "transpose", "anonymize", "anonymous_shape",
-                      "combined_dimension"}
+                      "combined_dimension",
+                      "ReshapeOperation"}  # Mesh TF's name: tests/compat
 
 
 # --- anonymize / anonymous_shape / combined_dimension ------------------------

@@ -198,7 +198,32 @@ def test_every_exported_variable_op_is_tested():
                                               None) == variables.__name__}
   assert exported == {"Variable", "get_variable", "assign", "assign_add",
                       "assign_sub", "Assign", "assign_slice",
-                      "assign_add_slice", "assign_sub_slice", "read_variable"}
+                      "assign_add_slice", "assign_sub_slice", "read_variable",
+                      "VariableDType", "ReadVariable"}
+
+
+# --- Mesh TensorFlow's dtype and naming conventions ---------------------------
+def test_get_variable_takes_a_variable_dtype():
+  """Every Mesh TF layer passes a VariableDType: stored in its slice dtype,
+  returned in its activation dtype; Variable takes one too."""
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  vdt = mtf.VariableDType(tf.float32, activation_dtype=tf.bfloat16)
+  w = mtf.get_variable(mesh, "w", W, dtype=vdt)
+  assert w.dtype == tf.bfloat16
+  assert mesh.graph.all_variables[0].dtype == tf.float32
+  v = mtf.Variable(mesh, "v", W, mtf.VariableDType(tf.int32), None)
+  assert v.dtype == tf.int32
+
+
+def test_variable_scope_prefixes_names():
+  """tf.compat.v1.variable_scope names variables as in Mesh TF (checkpoint
+  names depend on it); the same scoped name returns the same variable."""
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  with tf.compat.v1.variable_scope("encoder"):
+    w = mtf.get_variable(mesh, "w", W)
+    assert mtf.get_variable(mesh, "w", W) is w
+  assert w.operation.name == "encoder/w"
+  assert mtf.get_variable(mesh, "w", W).operation.name == "w"
 
 
 # --- assign_fn family and read_variable --------------------------------------
