@@ -199,7 +199,10 @@ def test_every_exported_variable_op_is_tested():
   assert exported == {"Variable", "get_variable", "assign", "assign_add",
                       "assign_sub", "Assign", "assign_slice",
                       "assign_add_slice", "assign_sub_slice", "read_variable",
-                      "VariableDType", "ReadVariable"}
+                      "VariableDType", "ReadVariable",
+                      # tested with the pipeline that uses it:
+                      # tests/models/test_pipeline.py
+                      "custom_getter"}
 
 
 # --- Mesh TensorFlow's dtype and naming conventions ---------------------------
