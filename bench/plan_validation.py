@@ -5,9 +5,10 @@ several layouts of lm_tiny and moe_tiny vs the measured one (Spearman).
 Per (config, layout), one JSON object: predicted and measured step time
 (median of --steps steps after a warm-up, simd backend), predicted peak
 bytes per device (parameters + optimizer state + activation peak) and the
-allocator's peak during one step divided by the 8 devices (TF 2.21 counts
-only allocations of 256 KiB or more on the CPU, and one allocator serves
-every virtual device; the configs are widened so that most tensors count).
+allocator's peak during one step divided by the 8 devices (one allocator
+serves every virtual device). The CPU allocator is TF's BFC allocator
+(TF_CPU_ALLOCATOR_USE_BFC=true, set here before TensorFlow starts): TF
+2.21's default CPU allocator counts only allocations of 256 KiB or more.
 A last object per config gives the Spearman rank correlation of predicted
 vs measured step times.
 
@@ -21,6 +22,8 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Every allocation counted in the allocator's peak (see the docstring).
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np  # noqa: E402
