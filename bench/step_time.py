@@ -18,7 +18,7 @@ JSON object per run (median, min, max and all rounds' seconds per step,
 collectives per step, first loss), then a summary of the ratios per model.
 
 Usage: python bench/step_time.py [--steps=10] [--repeats=5] \
-         [--bucket_mb=0,32] [--models=two_layer,transformer_block]
+         [--bucket_mb=0,1] [--models=two_layer,transformer_block]
 """
 import argparse
 import json
@@ -122,7 +122,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--bucket_mb", default="0,32",
+  parser.add_argument("--bucket_mb", default="0,1",
                       help="comma-separated bucket caps in MiB (0: off)")
   parser.add_argument("--models", default="two_layer,transformer_block")
   parser.add_argument("--two_layer", default="256,256,1024",

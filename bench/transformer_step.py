@@ -13,7 +13,7 @@ rotated each round), so before/after are measured in one run. One JSON
 object per run (median, min and max over the rounds), then the ratios.
 
 Usage: python bench/transformer_step.py [--steps=10] [--repeats=3] \
-         [--bucket_mb=0,32] [--models=dense,moe]
+         [--bucket_mb=0,1] [--models=dense,moe]
 """
 import argparse
 import json
@@ -65,7 +65,7 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--bucket_mb", default="0,32",
+  parser.add_argument("--bucket_mb", default="0,1",
                       help="comma-separated bucket caps in MiB (0: off)")
   parser.add_argument("--models", default="dense,moe")
   args = parser.parse_args()

@@ -126,7 +126,7 @@ class Lowering(object):
     bucket_bytes: cap (bytes of each device's slice) of a fused allreduce
       bucket for the pending sums of a group (the gradients of
       mtf.gradients, mtf.reduce_together): see meshtf/lowering/bucketing.py.
-      None: 32 MiB; 0: off (each sum reduced where it is read).
+      None: 1 MiB; 0: off (each sum reduced where it is read).
   """
 
   def __init__(self, graph, mesh_to_impl, variable_store=None, autostack=False,

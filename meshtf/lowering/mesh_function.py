@@ -39,7 +39,7 @@ class MeshFunction(object):
     seed: the graph seed for layout-invariant initializers and random ops.
     use_tf_function: False runs eagerly on every call (for debugging).
     bucket_bytes: cap of a fused gradient-allreduce bucket (Lowering's;
-      None: 32 MiB, 0: off).
+      None: 1 MiB, 0: off).
   """
 
   def __init__(self, build_fn, mesh_impl, variable_store=None, seed=0,

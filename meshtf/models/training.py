@@ -41,7 +41,7 @@ class TrainStep(object):
       "gradient_norm" metric).
     use_tf_function: False runs eagerly (for debugging).
     bucket_bytes: cap of a fused gradient-allreduce bucket (see
-      meshtf/lowering/bucketing.py; None: 32 MiB, 0: one allreduce per
+      meshtf/lowering/bucketing.py; None: 1 MiB, 0: one allreduce per
       gradient).
 
   Calling it with the features returns {"loss", "step", metrics...} as TF

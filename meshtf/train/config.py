@@ -144,7 +144,7 @@ def default_config():
   c.weight_decay_rate = 0.0    # adam
   c.momentum = 0.9             # momentum
   c.clip_gradient_norm = 1.0   # 0: no clipping
-  c.collective_bucket_mb = 32.0  # fused gradient allreduces of at most this
+  c.collective_bucket_mb = 1.0   # fused gradient allreduces of at most this
   #                              many MiB per device (0: one per gradient)
   c.checkpoint_every = 100
   c.keep_checkpoints = 3
