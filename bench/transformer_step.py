@@ -6,14 +6,20 @@ Layouts on rows:2;cols:4: dense LM -> the Mesh-TensorFlow paper's
 batch:rows;vocab:cols;d_ff:cols;heads:cols; MoE LM -> data + expert parallel
 batch:cols;group:cols;experts:cols;d_ff:rows;heads:rows. Every run of a model
 starts from the same weights (layout-invariant initializers); first losses
-are printed so they can be compared. One JSON object per measurement.
+are printed so they can be compared. Each 8-device run is built once per
+--bucket_mb value (TrainStep's gradient bucket cap; 0 = one allreduce per
+gradient), and the timed rounds alternate over all runs of a model (order
+rotated each round), so before/after are measured in one run. One JSON
+object per run (median, min and max over the rounds), then the ratios.
 
-Usage: python bench/transformer_step.py [--steps=10] [--repeats=3]
+Usage: python bench/transformer_step.py [--steps=10] [--repeats=3] \
+         [--bucket_mb=0,1] [--models=dense,moe]
 """
 import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import time
 
@@ -46,49 +52,71 @@ def make_lm(kind):
       vocab_divisor=1, feedforward_layer_fn=ffn)
 
 
-def measure(kind, backend, mesh_shape, layout, devices, steps, repeats):
+def build(kind, backend, mesh_shape, layout, devices, bucket_mb):
   impl_cls = {"placement": mtf.PlacementMeshImpl,
               "simd": mtf.SimdMeshImpl}[backend]
   impl = impl_cls(mesh_shape, layout, devices)
-  step = mtf.training.TrainStep(transformer.loss_fn(make_lm(kind)), impl,
-                                mtf.optimize.AdafactorOptimizer(0.01))
-  rs = np.random.RandomState(0)
-  batch = {"targets": rs.randint(2, SIZES["vocab"], size=[
-      SIZES["batch"], SIZES["length"]]).astype(np.int32)}
-  t0 = time.time()
-  first_loss = float(step(batch)["loss"])
-  compile_s = time.time() - t0
-  times = []
-  for _ in range(repeats):
-    t0 = time.time()
-    for _ in range(steps):
-      out = step(batch)
-    float(out["loss"])
-    times.append((time.time() - t0) / steps)
-  best = min(times)
-  tokens = SIZES["batch"] * SIZES["length"]
-  return dict(bench="transformer_step", model=kind, backend=backend,
-              mesh_shape=mesh_shape, layout=layout, sizes=SIZES,
-              moe_experts=MOE.moe_num_experts if kind == "moe" else 0,
-              step_ms=round(best * 1e3, 2), tokens_per_s=round(tokens / best),
-              first_step_s=round(compile_s, 2),
-              first_loss=round(first_loss, 6), steps=steps, repeats=repeats,
-              host=platform.node(), cpus=os.cpu_count())
+  return mtf.training.TrainStep(transformer.loss_fn(make_lm(kind)), impl,
+                                mtf.optimize.AdafactorOptimizer(0.01),
+                                bucket_bytes=int(bucket_mb * (1 << 20)))
 
 
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--bucket_mb", default="0,1",
+                      help="comma-separated bucket caps in MiB (0: off)")
+  parser.add_argument("--models", default="dense,moe")
   args = parser.parse_args()
+  buckets = [float(b) for b in args.bucket_mb.split(",")]
   devices = mtf.virtual_cpu_devices(8)
-  for kind in ("dense", "moe"):
-    runs = [("placement", "all:1", "", devices[:1]),
-            ("placement", "rows:2;cols:4", LAYOUTS[kind], devices),
-            ("simd", "rows:2;cols:4", LAYOUTS[kind], devices)]
-    for backend, mesh_shape, layout, devs in runs:
-      print(json.dumps(measure(kind, backend, mesh_shape, layout, devs,
-                               args.steps, args.repeats)), flush=True)
+  rs = np.random.RandomState(0)
+  batch = {"targets": rs.randint(2, SIZES["vocab"], size=[
+      SIZES["batch"], SIZES["length"]]).astype(np.int32)}
+  tokens = SIZES["batch"] * SIZES["length"]
+  for kind in args.models.split(","):
+    runs = [("placement", "all:1", "", devices[:1], 0.0)]
+    runs += [(backend, "rows:2;cols:4", LAYOUTS[kind], devices, mb)
+             for backend in ("placement", "simd") for mb in buckets]
+    steps, first = [], []
+    for backend, mesh_shape, layout, devs, mb in runs:
+      step = build(kind, backend, mesh_shape, layout, devs, mb)
+      t0 = time.time()
+      first.append((float(step(batch)["loss"]), time.time() - t0))
+      step(batch)
+      steps.append(step)
+    times = [[] for _ in runs]
+    for r in range(args.repeats):
+      order = list(range(len(runs)))
+      for i in order[r % len(runs):] + order[:r % len(runs)]:
+        t0 = time.time()
+        for _ in range(args.steps):
+          out = steps[i](batch)
+        float(out["loss"])
+        times[i].append((time.time() - t0) / args.steps)
+    tps = []
+    for (backend, mesh_shape, layout, _, mb), step, t, (loss, compile_s) in \
+        zip(runs, steps, times, first):
+      median = statistics.median(t)
+      tps.append(tokens / median)
+      print(json.dumps(dict(
+          bench="transformer_step", model=kind, backend=backend,
+          mesh_shape=mesh_shape, layout=layout, sizes=SIZES,
+          bucket_mb=mb if mesh_shape != "all:1" else None,
+          moe_experts=MOE.moe_num_experts if kind == "moe" else 0,
+          step_ms=round(median * 1e3, 2), min_ms=round(min(t) * 1e3, 2),
+          max_ms=round(max(t) * 1e3, 2), tokens_per_s=round(tokens / median),
+          collectives_per_step=sum(
+              s["count"] for s in step.mesh_function.collective_stats()),
+          first_step_s=round(compile_s, 2), first_loss=round(loss, 6),
+          steps=args.steps, repeats=args.repeats, host=platform.node(),
+          cpus=os.cpu_count())), flush=True)
+    print(json.dumps(dict(
+        bench="transformer_step", kind="summary", model=kind,
+        tokens_per_s_over_1_device={
+            "%s/bucket_mb=%g" % (r[0], r[4]): round(v / tps[0], 3)
+            for r, v in zip(runs[1:], tps[1:])})), flush=True)
 
 
 if __name__ == "__main__":

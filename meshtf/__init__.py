@@ -26,6 +26,7 @@ from meshtf.graph import Graph
 from meshtf.graph import Mesh
 from meshtf.graph import Operation
 from meshtf.graph import Tensor
+from meshtf.graph import reduce_together
 from meshtf.layouts import LayoutError
 from meshtf.layouts import LayoutRules
 from meshtf.layouts import MeshLayout

@@ -70,7 +70,11 @@ def gradients(ys, xs, grad_ys=None, operations=None):
     for t, g in zip(op.inputs, kept):
       if g is not None:
         pending.setdefault(t, []).append(g)
-  return [total(x) for x in xs]
+  out = [total(x) for x in xs]
+  # The gradients' partial sums (data parallelism) are reduced in fused
+  # buckets, issued in backward order as each bucket fills.
+  graph_lib.reduce_together(out)
+  return out
 
 
 def _drop_unused(graph, first_new, needed):

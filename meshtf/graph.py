@@ -34,6 +34,9 @@ class Graph(object):
     self.seed = seed
     # Index in operations of the first backward op (set by mtf.gradients).
     self.backward_start = None
+    # Groups of tensors whose pending sums the lowering reduces together in
+    # fused buckets (mtf.reduce_together; mtf.gradients adds its results).
+    self.reduce_groups = []
     self._names = set()
     self._next_suffix = {}
 
@@ -67,6 +70,27 @@ class Graph(object):
 
   def __repr__(self):
     return "Graph(%d operations)" % len(self.operations)
+
+
+def reduce_together(tensors):
+  """Marks `tensors` (None entries skipped) as one group for the lowering:
+  those still pending sums (partial results awaiting an allreduce, e.g. the
+  weight gradients of data parallelism) go out as few fused allreduces as
+  their dtypes and mesh axes allow, each as soon as its bucket is complete
+  (Lowering(..., bucket_bytes=...)). The values do not change. Returns
+  `tensors`. mtf.gradients groups its results this way.
+
+  Example:
+    >>> q, k = mtf.reduce_together([q, k])   # two einsums over split d_model
+  """
+  tensors = list(tensors)
+  present = tuple(dict.fromkeys(t for t in tensors if t is not None))
+  for t in present:
+    if not isinstance(t, Tensor):
+      raise TypeError("reduce_together: %r is not a meshtf Tensor" % (t,))
+  if present:
+    present[0].graph.reduce_groups.append(present)
+  return tensors
 
 
 class Mesh(object):

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf.layouts import relayout as relayout_lib
+from meshtf.lowering import bucketing
 from meshtf.lowering import variables as variables_lib
 
 
@@ -48,6 +49,10 @@ class PendingSum(object):
     if self._result is None:
       self._result = self.record_while(self._reduce)
     return self._result
+
+  def set_result(self, laid_out):
+    """The reduced value, computed elsewhere (a fused bucket)."""
+    self._result = laid_out
 
   def record_while(self, fn):
     """fn(), with collectives counted by the lowering that made this sum."""
@@ -120,11 +125,16 @@ class Lowering(object):
       asked for (default: every tensor the program computes anyway).
     launch: for SPMD backends, False only traces the per-device program
       (`lowering.program`, a ConcreteFunction) without running it.
+    bucket_bytes: cap (bytes of each device's slice) of a fused allreduce
+      bucket for the pending sums of a group (the gradients of
+      mtf.gradients, mtf.reduce_together): see meshtf/lowering/bucketing.py.
+      None: 1 MiB; 0: off (each sum reduced where it is read).
   """
 
   def __init__(self, graph, mesh_to_impl, variable_store=None, autostack=False,
-               outputs=None, launch=True):
+               outputs=None, launch=True, bucket_bytes=None):
     del autostack  # Mesh TensorFlow's option; variables are per slice here.
+    self.bucket_bytes = bucketing.check_bucket_bytes(bucket_bytes)
     self.graph = graph
     self.mesh_to_impl = dict(mesh_to_impl)
     self.variable_store = (variable_store if variable_store is not None
@@ -134,9 +144,12 @@ class Lowering(object):
     self.operations = {}
     self._collectives = []
     self.program = None
+    every_op = list(all_operations(graph.operations))
     self._consumers = collections.Counter(
-        t for op in all_operations(graph.operations) for t in op.inputs)
+        t for op in every_op for t in op.inputs)
     self.validate_layouts()
+    self._bucketer = bucketing.Bucketer(self, self.bucket_bytes, every_op,
+                                        PendingSum)
     for impl in self.mesh_to_impl.values():
       impl._recorder = self._collectives.append
     try:
@@ -148,7 +161,8 @@ class Lowering(object):
                          "SPMD backends (SimdMeshImpl) have one")
       else:
         for op in graph.operations:
-          self.lower_operation(op)
+          self.lower_top_level(op)
+        self._bucketer.finish()
     finally:
       for impl in self.mesh_to_impl.values():
         impl._recorder = None
@@ -203,6 +217,16 @@ class Lowering(object):
         op.lower(self)
       finally:
         self.tensors.current = saved
+
+  def lower_top_level(self, op):
+    """Lowers a top-level operation (graph order), then issues the fused
+    allreduce buckets its outputs complete (bucketing.Bucketer)."""
+    self.lower_operation(op)
+    self._bucketer.after(op)
+
+  def finish_buckets(self):
+    """Issues the buckets still open (the end of the walk)."""
+    self._bucketer.finish()
 
   def _captured(self, op):
     """(tensor, layout) for the tensors op's inner operations read that

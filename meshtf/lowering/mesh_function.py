@@ -38,10 +38,14 @@ class MeshFunction(object):
     variable_store: where variables live; a new VariableStore by default.
     seed: the graph seed for layout-invariant initializers and random ops.
     use_tf_function: False runs eagerly on every call (for debugging).
+    bucket_bytes: cap of a fused gradient-allreduce bucket (Lowering's;
+      None: 1 MiB, 0: off).
   """
 
   def __init__(self, build_fn, mesh_impl, variable_store=None, seed=0,
-               use_tf_function=True, mesh_name="mesh"):
+               use_tf_function=True, mesh_name="mesh", bucket_bytes=None):
+    self._bucket_bytes = lowering_lib.bucketing.check_bucket_bytes(
+        bucket_bytes)
     self._build_fn = build_fn
     self._mesh_impl = mesh_impl
     self._seed = seed
@@ -61,7 +65,8 @@ class MeshFunction(object):
     outputs = self._build_fn(mesh, *tf_inputs)
     lowering = lowering_lib.Lowering(graph, {mesh: self._mesh_impl},
                                      variable_store=self.variable_store,
-                                     outputs=tf.nest.flatten(outputs))
+                                     outputs=tf.nest.flatten(outputs),
+                                     bucket_bytes=self._bucket_bytes)
     result = tf.nest.map_structure(lowering.export_to_tf_tensor, outputs)
     self.graph, self.lowering = graph, lowering
     return result

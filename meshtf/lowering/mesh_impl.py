@@ -237,6 +237,42 @@ class MeshImpl(object):
     self._record("allreduce_" + reduction_fn_string.lower(), axes, x)
     return self._allreduce(x, axes, reduction_fn_string)
 
+  def allreduce_bucket(self, xs, mesh_axes, reduction_fn_string="SUM"):
+    """Allreduces several laid-out tensors of one dtype as ONE collective:
+    each slice flattened, concatenated, reduced, split back and reshaped
+    (GShard/GSPMD combine collectives the same way). Returns the reduced
+    tensors in order. Every collective costs a fixed latency, so N small
+    gradients cost about one allreduce instead of N.
+
+    Example:
+      >>> gw, gv = impl.allreduce_bucket([partial_gw, partial_gv], [0])
+    """
+    xs = list(xs)
+    axes = self._axes_of_size_above_one(mesh_axes)
+    if not axes or not xs:
+      return xs
+    slices = [x.tensor_list[0] for x in xs]
+    dtypes = {t.dtype for t in slices}
+    if len(dtypes) != 1:
+      raise ValueError("allreduce_bucket: one dtype per bucket, got %s"
+                       % sorted(d.name for d in dtypes))
+    shapes_ = [t.shape for t in slices]
+    if len(xs) == 1 or not all(s.is_fully_defined() for s in shapes_):
+      return [self.allreduce(x, axes, reduction_fn_string) for x in xs]
+    if reduction_fn_string not in ("SUM", "MAX", "MIN"):
+      raise ValueError("allreduce_bucket: reduction %r is not SUM, MAX or "
+                       "MIN" % (reduction_fn_string,))
+    sizes = [s.num_elements() for s in shapes_]
+    flat = self.slicewise(lambda *ts: tf.concat(
+        [tf.reshape(t, [-1]) for t in ts], 0), *xs)
+    self._record("allreduce_" + reduction_fn_string.lower(), axes, flat)
+    total = self._allreduce(flat, axes, reduction_fn_string)
+
+    def unpack(t):
+      return tuple(tf.reshape(p, s) for p, s in zip(tf.split(t, sizes),
+                                                     shapes_))
+    return list(self.slicewise(unpack, total))
+
   def allreduce_if_needed(self, x, mesh_axes, reduction_fn_string):
     return self.allreduce(x, mesh_axes, reduction_fn_string)
 

@@ -369,7 +369,8 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     def body(*local_imports):
       self._ctx.imports = dict(zip(imports, local_imports))
       for op in operations:
-        lowering.lower_operation(op)
+        lowering.lower_top_level(op)
+      lowering.finish_buckets()
       chosen.extend(t for t in (outputs if outputs is not None
                                 else _default_outputs(lowering, operations)))
       if self.is_multi_worker:

@@ -40,6 +40,9 @@ class TrainStep(object):
     clip_gradient_norm: clip the gradients' global norm to this (adds the
       "gradient_norm" metric).
     use_tf_function: False runs eagerly (for debugging).
+    bucket_bytes: cap of a fused gradient-allreduce bucket (see
+      meshtf/lowering/bucketing.py; None: 1 MiB, 0: one allreduce per
+      gradient).
 
   Calling it with the features returns {"loss", "step", metrics...} as TF
   tensors ("step" is the count before this update).
@@ -52,7 +55,8 @@ class TrainStep(object):
   """
 
   def __init__(self, loss_fn, mesh_impl, optimizer, variable_store=None,
-               seed=0, clip_gradient_norm=None, use_tf_function=True):
+               seed=0, clip_gradient_norm=None, use_tf_function=True,
+               bucket_bytes=None):
     if not callable(loss_fn):
       raise TypeError("TrainStep: loss_fn %r is not callable" % (loss_fn,))
     if not isinstance(optimizer, optimize.Optimizer):
@@ -63,7 +67,7 @@ class TrainStep(object):
     self._clip = clip_gradient_norm
     self.mesh_function = mesh_function.MeshFunction(
         self._build, mesh_impl, variable_store=variable_store, seed=seed,
-        use_tf_function=use_tf_function)
+        use_tf_function=use_tf_function, bucket_bytes=bucket_bytes)
 
   @property
   def variable_store(self):

@@ -16,7 +16,10 @@ costs, and leaves out the small rest:
     scalar multiples, sums of sums over the same axes) keep it pending when
     they are its only reader; a reader that splits a summed axis
     reduce-scatters; any other reader allreduces it (once);
-  a pending sum nothing reads is reduced as its export would be.
+  a pending sum nothing reads is reduced as its export would be;
+  the pending members of a reduce group (mtf.gradients' results) are
+    reduced in fused buckets as the lowering's Bucketer forms them
+    (meshtf/lowering/bucketing.py, same cap).
 
 Left out: top_k/sort gathers, shift and conv halos (permutes), and the
 gather of ids split like the table (these are small or rare in the models
@@ -29,6 +32,7 @@ Example:
 import collections
 
 from meshtf.layouts import relayout as relayout_lib
+from meshtf.lowering import bucketing
 from meshtf.lowering import lowering as lowering_lib
 
 _LINEAR_UNARY = ("negative", "identity")
@@ -94,11 +98,38 @@ def _sums_pending(op):
   return name in _SUMMING
 
 
-def estimate_collectives(operations, graph_layout, outputs=None):
+def _bucket_plan(operations, graph_layout, bucket_bytes):
+  """(producer op -> [(group, member)], op -> [groups it completes],
+  member -> readers) of the graph's reduce groups, as the Bucketer sees
+  them."""
+  by_producer = collections.defaultdict(list)
+  last = collections.defaultdict(list)
+  readers = collections.defaultdict(list)
+  if not bucket_bytes or not operations:
+    return by_producer, last, readers
+  position = {op: i for i, op in enumerate(operations)}
+  for g, tensors in enumerate(operations[0].graph.reduce_groups):
+    top = [t for t in tensors if t.operation in position]
+    if len(top) < 2:
+      continue
+    for t in top:
+      by_producer[t.operation].append((g, t))
+    last[max(top, key=lambda t: position[t.operation]).operation].append(g)
+  members = {t for pairs in by_producer.values() for _, t in pairs}
+  for op in lowering_lib.all_operations(operations):
+    for t in dict.fromkeys(op.inputs):
+      if t in members:
+        readers[t].append(op)
+  return by_producer, last, readers
+
+
+def estimate_collectives(operations, graph_layout, outputs=None,
+                         bucket_bytes=None):
   """Estimated collective records of operations (a graph's, in order)
   under graph_layout (MeshLayout.assign), in Lowering.collective_stats()'s
   form. outputs: the tensors the step exports (default: those nothing
-  reads, as plan() traces it)."""
+  reads, as plan() traces it). bucket_bytes: the Lowering's cap of fused
+  gradient buckets (None: its default, 0: off)."""
   operations = list(operations)
   base = graph_layout.base
   rec = _Recorder(base)
@@ -106,6 +137,48 @@ def estimate_collectives(operations, graph_layout, outputs=None):
   pending = {}   # tensor -> sorted mesh axes its partial sums still need
   reduced = set()
   relaid = set()   # (tensor, layout): the lowering relays once per layout
+  cap = bucketing.check_bucket_bytes(bucket_bytes)
+  by_producer, completes, member_readers = _bucket_plan(
+      operations, graph_layout, cap)
+  top_level = set(operations) if by_producer else ()
+  buckets = collections.OrderedDict()   # key -> [members, bytes]
+
+  def issue(members):
+    members = [t for t in members if t not in reduced]
+    if len(members) == 1:
+      reduce_now(members[0])
+    elif members:
+      rec.add("allreduce_sum", pending[members[0]], sum(
+          graph_layout.tensor_mesh_layout(t).slice_size(t.shape)
+          for t in members), members[0].dtype.size)
+      reduced.update(members)
+
+  def offer(g, t):
+    own = graph_layout.tensor_layout(t)
+    if (t not in pending or t in reduced or not member_readers.get(t) or
+        any(t in b[0] for b in buckets.values()) or any(
+            graph_layout.op_layout(r).tensor_layout(t.shape) != own
+            for r in member_readers[t])):
+      return
+    nbytes = graph_layout.tensor_mesh_layout(t).slice_size(
+        t.shape) * t.dtype.size
+    key = (g, tuple(pending[t]), t.dtype)
+    if key in buckets and buckets[key][1] + nbytes > cap:
+      issue(buckets.pop(key)[0])
+    bucket = buckets.setdefault(key, [[], 0])
+    bucket[0].append(t)
+    bucket[1] += nbytes
+    if bucket[1] >= cap:
+      issue(buckets.pop(key)[0])
+
+  def after(op):
+    if op not in top_level:
+      return
+    for g, t in by_producer.get(op, ()):
+      offer(g, t)
+    for g in completes.get(op, ()):
+      for key in [k for k in buckets if k[0] == g]:
+        issue(buckets.pop(key)[0])
 
   def reduce_now(t):
     if t in pending and t not in reduced:
@@ -115,60 +188,70 @@ def estimate_collectives(operations, graph_layout, outputs=None):
       reduced.add(t)
 
   for op in lowering_lib.all_operations(operations):
-    layout = graph_layout.op_layout(op)
-    keeps = set()
-    for t in dict.fromkeys(op.inputs):
-      own = graph_layout.tensor_mesh_layout(t)
-      old = own.tensor_layout(t.shape)
-      new = layout.tensor_layout(t.shape)
-      plan = None
-      if old != new and (t, new) not in relaid:
-        relaid.add((t, new))
-        plan = base.relayout_plan(t.shape, t.shape, t.dtype.size, old, new)
-      if t in pending and t not in reduced:
-        if plan is not None:
-          fused, rest = relayout_lib.fuse_reduce_scatter(
-              plan, pending[t], t.dtype.size)
-          if len(rest) < len(pending[t]):
-            rec.add_plan(fused)
-            rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
-                    t.dtype.size)
-            continue
-        if readers[t] == 1 and _is_linear_reader(op, t, pending):
-          keeps.add(t)
-          continue
-        reduce_now(t)
-      if plan is not None:
-        rec.add_plan(plan)
-    if type(op).__name__ == "ReshapeOperation":
-      x, out = op.inputs[0], op.outputs[0]
-      rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size))
-      continue
-    if keeps:
-      for out in op.outputs:
-        pending[out] = pending[next(iter(keeps))]
-      continue
-    if not op.inputs or not op.outputs:
-      continue
-    out_axes, out_names = set(), set()
-    for t in op.outputs:
-      for split in layout.dim_splits(t.shape):
-        out_names.add(split.name)
-        out_axes.update(split.mesh_axes)
-    in_axes = {a for t in op.inputs for split in layout.dim_splits(t.shape)
-               if split.name not in out_names for a in split.mesh_axes}
-    axes = sorted(in_axes - out_axes)
-    if not axes:
-      continue
-    if _sums_pending(op):
-      for out in op.outputs:
-        pending[out] = axes
-    else:
-      kind = "allreduce_" + str(getattr(op, "_reduction", "max")).lower()
-      for out in op.outputs:
-        rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size)
+    _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
+                 relaid, reduce_now)
+    after(op)
+  for members, _ in list(buckets.values()):
+    issue(members)
   if outputs is None:
     outputs = [t for op in operations for t in op.outputs if not readers[t]]
   for t in outputs:
     reduce_now(t)
   return rec.records()
+
+
+def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
+                 relaid, reduce_now):
+  """The collectives lowering op emits (estimate_collectives' rules)."""
+  layout = graph_layout.op_layout(op)
+  keeps = set()
+  for t in dict.fromkeys(op.inputs):
+    own = graph_layout.tensor_mesh_layout(t)
+    old = own.tensor_layout(t.shape)
+    new = layout.tensor_layout(t.shape)
+    plan = None
+    if old != new and (t, new) not in relaid:
+      relaid.add((t, new))
+      plan = base.relayout_plan(t.shape, t.shape, t.dtype.size, old, new)
+    if t in pending and t not in reduced:
+      if plan is not None:
+        fused, rest = relayout_lib.fuse_reduce_scatter(
+            plan, pending[t], t.dtype.size)
+        if len(rest) < len(pending[t]):
+          rec.add_plan(fused)
+          rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
+                  t.dtype.size)
+          continue
+      if readers[t] == 1 and _is_linear_reader(op, t, pending):
+        keeps.add(t)
+        continue
+      reduce_now(t)
+    if plan is not None:
+      rec.add_plan(plan)
+  if type(op).__name__ == "ReshapeOperation":
+    x, out = op.inputs[0], op.outputs[0]
+    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size))
+    return
+  if keeps:
+    for out in op.outputs:
+      pending[out] = pending[next(iter(keeps))]
+    return
+  if not op.inputs or not op.outputs:
+    return
+  out_axes, out_names = set(), set()
+  for t in op.outputs:
+    for split in layout.dim_splits(t.shape):
+      out_names.add(split.name)
+      out_axes.update(split.mesh_axes)
+  in_axes = {a for t in op.inputs for split in layout.dim_splits(t.shape)
+             if split.name not in out_names for a in split.mesh_axes}
+  axes = sorted(in_axes - out_axes)
+  if not axes:
+    return
+  if _sums_pending(op):
+    for out in op.outputs:
+      pending[out] = axes
+  else:
+    kind = "allreduce_" + str(getattr(op, "_reduction", "max")).lower()
+    for out in op.outputs:
+      rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size)

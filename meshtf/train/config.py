@@ -144,6 +144,8 @@ def default_config():
   c.weight_decay_rate = 0.0    # adam
   c.momentum = 0.9             # momentum
   c.clip_gradient_norm = 1.0   # 0: no clipping
+  c.collective_bucket_mb = 1.0   # fused gradient allreduces of at most this
+  #                              many MiB per device (0: one per gradient)
   c.checkpoint_every = 100
   c.keep_checkpoints = 3
   c.eval_steps = 4             # held-out batches for eval
@@ -315,7 +317,8 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
   need(config.learning_rate > 0, "learning_rate=%r must be > 0"
        % config.learning_rate)
   for key in ("warmup_steps", "eval_every", "clip_gradient_norm",
-              "weight_decay_rate", "export_batch_size"):
+              "weight_decay_rate", "export_batch_size",
+              "collective_bucket_mb"):
     need(config[key] >= 0, "%s=%r must be >= 0: set %s" % (
         given(key), config[key], flag(key)))
   need(0.0 <= config.target_accuracy <= 1.0, "target_accuracy=%r must be "

@@ -56,7 +56,8 @@ def train(session, progress=None):
       experiment.loss_fn(session.model, session.sink, **session.row_args()),
       session.impl, experiment.make_optimizer(config),
       variable_store=session.store, seed=config.seed,
-      clip_gradient_norm=config.clip_gradient_norm or None)
+      clip_gradient_norm=config.clip_gradient_norm or None,
+      bucket_bytes=int(config.get("collective_bucket_mb", 1.0) * (1 << 20)))
   lr_fn = experiment.learning_rate_schedule(config)
   if chief:
     writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
