@@ -5,8 +5,9 @@ several layouts of lm_tiny and moe_tiny vs the measured one (Spearman).
 Per (config, layout), one JSON object: predicted and measured step time
 (median of --steps steps after a warm-up, simd backend), predicted peak
 bytes per device (parameters + optimizer state + activation peak) and the
-allocator's peak during one step divided by the 8 devices (one allocator
-serves every virtual device). The CPU allocator is TF's BFC allocator
+allocator's peak during one step, less what it held before the run's
+variables were created, divided by the 8 devices (one allocator serves
+every virtual device). The CPU allocator is TF's BFC allocator
 (TF_CPU_ALLOCATOR_USE_BFC=true, set here before TensorFlow starts): TF
 2.21's default CPU allocator counts only allocations of 256 KiB or more.
 A last object per config gives the Spearman rank correlation of predicted
@@ -15,6 +16,7 @@ vs measured step times.
 Usage: python bench/plan_validation.py [--steps=5]
 """
 import argparse
+import gc
 import importlib.util
 import json
 import os
@@ -82,6 +84,10 @@ def load_config(name, mesh_shape, layout, variable_layout):
 
 
 def measure(name, mesh_shape, layout, variable_layout, devices, steps):
+  # What earlier runs left in the allocator (their variables live until
+  # the collector frees them) is not this run's: measured from here.
+  gc.collect()
+  baseline = tf.config.experimental.get_memory_info("CPU:0")["current"]
   c = load_config(name, mesh_shape, layout, variable_layout)
   mesh_layout = config_lib.mesh_layout(c)
   graph, _ = experiment.build_training_graph(c, mesh_layout)
@@ -102,7 +108,8 @@ def measure(name, mesh_shape, layout, variable_layout, devices, steps):
   float(step_fn(batch)["loss"])
   tf.config.experimental.reset_memory_stats("CPU:0")
   float(step_fn(batch)["loss"])
-  peak = tf.config.experimental.get_memory_info("CPU:0")["peak"] / 8
+  peak = (tf.config.experimental.get_memory_info("CPU:0")["peak"] -
+          baseline) / 8
   times = []
   for _ in range(steps):
     t0 = time.perf_counter()
