@@ -109,7 +109,7 @@ def measure(name, mesh_shape, layout, variable_layout, devices, steps):
   tf.config.experimental.reset_memory_stats("CPU:0")
   float(step_fn(batch)["loss"])
   peak = (tf.config.experimental.get_memory_info("CPU:0")["peak"] -
-          baseline) / 8
+          baseline) / len(devices[:mesh_layout.size])
   times = []
   for _ in range(steps):
     t0 = time.perf_counter()
@@ -137,7 +137,20 @@ def spearman(a, b):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument(
+      "--one_op_at_a_time", action="store_true",
+      help="memory only: each config on a 1-device mesh with one inter-op "
+      "thread, so TensorFlow runs one op at a time as the plan's liveness "
+      "assumes (collectives on 8 devices need more threads)")
   args = parser.parse_args()
+  if args.one_op_at_a_time:
+    devices = mtf.virtual_cpu_devices(1, inter_op_threads=1)
+    tf.zeros([1])
+    for name in LAYOUTS:
+      row = measure(name, "all:1", "", "", devices, 1)
+      row["schedule"] = "one op at a time"
+      print(json.dumps(row), flush=True)
+    return
   devices = mtf.virtual_cpu_devices(8)
   tf.zeros([1])   # see bench/memory.py: allocator statistics on CPU
   for name, layouts in LAYOUTS.items():

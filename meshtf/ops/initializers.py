@@ -26,6 +26,12 @@ from meshtf.lowering import rng
 class Initializer(object):
   """Base class: slice_value(key, begin, slice_shape, full_shape, dtype)."""
 
+  # A fill with one value (zeros, ones, a scalar) runs eagerly: traced, TF
+  # folds it into a constant of the slice's size that the cached function
+  # then holds for the life of the process (one per slice shape: measured,
+  # an Adam model kept a copy of its parameters' size this way).
+  fills = False
+
   def slice_value(self, key, begin, slice_shape, full_shape, dtype):
     raise NotImplementedError
 
@@ -57,6 +63,12 @@ def traced_slice_fn(initializer, key, full_shape, dtype):
     TensorShape([2])
   """
   params = initializer.cache_key()
+  if initializer.fills:
+    def fill(begin, slice_shape):
+      return initializer.slice_value(key, begin, slice_shape, full_shape,
+                                     dtype)
+    fill.traced = True   # cheap eagerly: no tf.function around it either
+    return fill
 
   def fn(begin, slice_shape):
     if params is None:
@@ -76,11 +88,15 @@ def traced_slice_fn(initializer, key, full_shape, dtype):
 
 
 class ZerosInitializer(Initializer):
+  fills = True
+
   def slice_value(self, key, begin, slice_shape, full_shape, dtype):
     return tf.zeros(slice_shape, dtype)
 
 
 class OnesInitializer(Initializer):
+  fills = True
+
   def slice_value(self, key, begin, slice_shape, full_shape, dtype):
     return tf.ones(slice_shape, dtype)
 
@@ -90,6 +106,10 @@ class ConstantInitializer(Initializer):
 
   def __init__(self, value=0.0):
     self.value = value
+
+  @property
+  def fills(self):
+    return np.ndim(self.value) == 0
 
   def slice_value(self, key, begin, slice_shape, full_shape, dtype):
     if np.ndim(self.value) == 0:

@@ -338,3 +338,25 @@ def test_initial_value_uneven_layouts(name):
                       "io:rows", {"_variables": "hidden:rows+cols"}))])
   for run in runs.values():
     np.testing.assert_array_equal(run.outputs["w"], base.outputs["w"])
+
+
+@pytest.mark.parametrize("initializer,fills", [
+    (initializers.ZerosInitializer(), True),
+    (initializers.OnesInitializer(), True),
+    (initializers.ConstantInitializer(2.5), True),
+    (initializers.ConstantInitializer(np.ones([2, 3])), False),
+    (initializers.RandomNormalInitializer(), False)])
+def test_fills_run_eagerly_and_leave_no_cached_constant(initializer, fills):
+  """A cached tf.function of tf.zeros(shape) folds into a constant of the
+  slice's size that the cache would hold for the life of the process: a
+  fill runs eagerly instead, and is not cached."""
+  before = len(initializers._TRACED)  # pylint: disable=protected-access
+  fn = initializers.traced_slice_fn(initializer, (1, 2), [2, 3], tf.float32)
+  value = fn(tf.constant([0, 0], tf.int64), [2, 3])
+  assert initializer.fills == fills and value.shape == (2, 3)
+  if fills:
+    assert fn.traced   # no tf.function around it either
+    assert len(initializers._TRACED) == before  # pylint: disable=protected-access
+    np.testing.assert_array_equal(
+        value, np.full([2, 3], {"ZerosInitializer": 0.0, "OnesInitializer":
+                                1.0}.get(type(initializer).__name__, 2.5)))
