@@ -64,15 +64,15 @@ class Conv1D(TransformerLayer):
     """
     length_dim = x.shape.dims[-2]
     window = mtf.Dimension("_conv_window", filter_size)
-    # Position j of the window reads x at i - k + j, i.e. shifted_x at i + j.
-    shifted = mtf.shift(x, filter_size, length_dim, wrap=False)
-    index = mtf.range(x.mesh, window, tf.int32)
+    # Window position j holds x at i - k + j; a negative index one-hots to
+    # zeros (the zeros before the sequence), on any split of length.
+    index = mtf.range(x.mesh, window, tf.int32) - filter_size
     start = getattr(context, "initial_position", None)
     if start is not None:
       index = index + start
     pick = mtf.one_hot(index, length_dim, dtype=x.dtype)
     out = mtf.Shape(x.shape.dims[:-2] + [window] + x.shape.dims[-1:])
-    state = mtf.einsum([pick, shifted], output_shape=out)
+    state = mtf.einsum([pick, x], output_shape=out)
     context.record_new_states(
         [mtf.rename_dimension(state, window.name, length_dim_name)])
 
