@@ -28,8 +28,13 @@ Example:
   >>> y.shape, [v.name for v in graph.trainable_variables]
   (Shape([batch:2, h:8, w:8, filters:16]), ['conv2d/kernel'])
 """
+import math
+
+import tensorflow as tf
+
 from meshtf import shapes
 from meshtf.models import dtypes
+from meshtf.ops import initializers
 from meshtf.ops import conv as conv_ops
 from meshtf.ops import elementwise
 from meshtf.ops import pool
@@ -82,9 +87,29 @@ def conv1d(x, output_dim, filter_size=3, stride=1, padding="SAME",
   Example:
     >>> y = conv1d(x, mtf.Dimension("filters", 64), filter_size=5)
   """
-  scope, w = _kernel(x, output_dim, filter_size, 1, False, filter_initializer,
+  scope, w = _kernel(x, output_dim, filter_size, 1, False,
+                     _as_conv2d_initializer(filter_initializer),
                      variable_dtype, name, "conv1d")
   return conv_ops.conv(x, w, stride, padding, 1, name=scope + "/conv1d")
+
+
+def _as_conv2d_initializer(init):
+  """Mesh TensorFlow's conv1d was a conv2d with a fake height of 1: it
+  called a plain-function initializer with the shape [1, k, in, out]. Such
+  a function (a lambda, a mock returning an array of that shape) gets that
+  shape here too and its value is reshaped to meshtf's [k, in, out] (the
+  fans, hence Glorot's scale, are the same). meshtf and TF/Keras
+  initializer objects are shape-agnostic and pass unchanged."""
+  if init is None or not callable(init) or isinstance(
+      init, initializers.Initializer) or (
+          type(init).__name__ in initializers.BY_CLASS_NAME):
+    return init
+
+  def fn(shape, dtype=tf.float32):
+    value = initializers.call_initializer(init, [1] + list(shape), dtype)
+    return tf.reshape(tf.cast(value, dtype), shape)
+  fn.__name__ = getattr(init, "__name__", "initializer")
+  return fn
 
 
 def conv2d(x, output_dim, filter_size=(3, 3), strides=(1, 1), padding="SAME",
@@ -219,7 +244,76 @@ def conv3d_transpose_with_blocks(x, output_dim, filter_size=(2, 2, 2),
       name=scope + "/conv3d_transpose")
 
 
-__all__ = ["conv1d", "conv2d", "conv3d", "conv2d_transpose",
+def separable_conv1d(x, output_dim, min_relative_pos=-1, max_relative_pos=1,
+                     depthwise_filter_initializer_scale=1.0,
+                     pointwise_filter_initializer_scale=1.0, name=None,
+                     use_bias=True, kernel_depth_weights=None,
+                     variable_dtype=None):
+  """1D depthwise-separable convolution of x [batch..., length, depth]:
+  per relative position p in [min_relative_pos, max_relative_pos] a
+  per-channel weight times x shifted by p (zeros past the ends), summed,
+  then a dense layer depth -> output_dim. The filter size is
+  max_relative_pos - min_relative_pos + 1; position 0 is the output's own.
+
+  Variables (Mesh TensorFlow's names): "<name>/depthwise_dense_<i>/kernel"
+  [depth] (and ".../depthwise_dense_0/bias"), "<name>/pointwise_dense/
+  kernel" [depth, output_dim] and its bias; name defaults to
+  "separable_conv1d" made unique. kernel_depth_weights: optional list of
+  one [depth] Tensor per relative position, used instead of the depthwise
+  variables. output_dim may have the name of the depth dim (dense renames).
+
+  Example:
+    >>> y = separable_conv1d(x, mtf.Dimension("d_model", 8),
+    ...                      min_relative_pos=-2, max_relative_pos=0)
+  """
+  from meshtf.models import layers   # pylint: disable=g-import-not-at-top
+  # (layers imports this module; its dense is looked up at call time.)
+  from meshtf.ops import slicing   # pylint: disable=g-import-not-at-top
+  if max_relative_pos < min_relative_pos:
+    raise ValueError("separable_conv1d: max_relative_pos %d < "
+                     "min_relative_pos %d" % (max_relative_pos,
+                                              min_relative_pos))
+  if x.shape.ndims < 2:
+    raise ValueError("separable_conv1d: x %s needs [batch..., length, "
+                     "depth]" % x.shape)
+  depth_dim, length_dim = x.shape.dims[-1], x.shape.dims[-2]
+  kernel_size = max_relative_pos - min_relative_pos + 1
+  if kernel_depth_weights is not None and len(kernel_depth_weights) != (
+      kernel_size):
+    raise ValueError("separable_conv1d: %d kernel_depth_weights for a "
+                     "filter of size %d" % (len(kernel_depth_weights),
+                                            kernel_size))
+  scope = name if name else x.mesh.graph.unique_name("separable_conv1d")
+  # A truncated normal of variance scale / fan_in (Mesh TF's default; the
+  # depthwise kernels reduce nothing: fan_in 1), made by TF's initializer
+  # looked up at call time as Mesh TF did; meshtf converts it to its own
+  # layout-invariant TruncatedNormalInitializer of the same stddev.
+  truncated_normal = tf.compat.v1.truncated_normal_initializer
+  depth_std = math.sqrt(depthwise_filter_initializer_scale / kernel_size)
+  depthwise = None
+  for i in range(kernel_size):
+    shifted = slicing.shift(x, -(min_relative_pos + i), length_dim,
+                              wrap=False)
+    term = layers.dense(
+        shifted, new_dims=[], reduced_dims=[], expert_dims=[depth_dim],
+        use_bias=use_bias and i == 0, variable_dtype=variable_dtype,
+        kernel_weights=(kernel_depth_weights[i] if kernel_depth_weights
+                        else None),
+        kernel_initializer=truncated_normal(
+            stddev=depth_std / 0.87962566103423978),
+        name="%s/depthwise_conv_hack/depthwise_dense_%d" % (scope, i))
+    depthwise = term if depthwise is None else depthwise + term
+  point_std = math.sqrt(pointwise_filter_initializer_scale / depth_dim.size)
+  return layers.dense(
+      depthwise, new_dims=[shapes.convert_to_dimension(output_dim)],
+      reduced_dims=[depth_dim], use_bias=use_bias,
+      variable_dtype=variable_dtype,
+      kernel_initializer=truncated_normal(
+          stddev=point_std / 0.87962566103423978),
+      name=scope + "/pointwise_dense")
+
+
+__all__ = ["conv1d", "separable_conv1d", "conv2d", "conv3d", "conv2d_transpose",
            "conv3d_transpose", "conv2d_with_blocks", "conv3d_with_blocks",
            "conv2d_transpose_with_blocks", "conv3d_transpose_with_blocks",
            "max_pool2d", "avg_pool2d", "max_pool3d", "avg_pool3d"]

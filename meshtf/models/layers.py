@@ -66,44 +66,51 @@ def _check_dims(x, dims, what, present=True):
 # --- dense -------------------------------------------------------------------
 def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
           activation=None, kernel_initializer=None, name=None,
-          variable_dtype=None, **unused_kwargs):
+          variable_dtype=None, kernel_weights=None, **unused_kwargs):
   """A fully connected layer: einsum of x with a kernel, plus a bias.
 
   The kernel has shape expert_dims + reduced_dims + new_dims; the output has
   x's dims without reduced_dims, followed by new_dims. reduced_dims defaults
   to x's last dim. expert_dims are dims of x kept in the output (batch-like)
-  that the weights also carry: one kernel per expert. The default kernel
-  initializer is a truncated normal with variance 1 / fan_in, fan_in the
-  product of the reduced dims' sizes (Mesh TensorFlow's default).
+  that the weights also carry: one kernel per expert. new_dims may be empty
+  (with expert_dims: one weight per expert element, a depthwise product).
+  A new dim may have the name of a reduced one (Mesh TensorFlow allows it:
+  "d_model" -> "d_model" of another size); the reduced one is then named
+  "_<name>" in the kernel. The default kernel initializer is a truncated
+  normal with variance 1 / fan_in, fan_in the product of the reduced dims'
+  sizes (Mesh TensorFlow's default). kernel_weights: a Tensor to use as the
+  kernel instead of a variable.
 
   Example:
     >>> h = dense(x, mtf.Dimension("d_ff", 2048), activation=mtf.relu,
     ...           name="ffn")          # variables "ffn/kernel", "ffn/bias"
   """
   new_dims = _dim_list(new_dims)
-  if not new_dims:
-    raise ValueError("dense: new_dims is empty")
   reduced_dims = (list(x.shape.dims[-1:]) if reduced_dims is None
                   else _dim_list(reduced_dims))
   expert_dims = _dim_list(expert_dims)
+  if not new_dims and not expert_dims:
+    raise ValueError("dense: new_dims and expert_dims are both empty")
   _check_dims(x, reduced_dims, "dense reduced_dims")
   _check_dims(x, expert_dims, "dense expert_dims")
+  # A reduced dim named like a new dim: rename it in x first, so that the
+  # kernel's dims have distinct names (a Shape cannot repeat a name).
+  new_names = {d.name for d in new_dims}
+  for i, d in enumerate(reduced_dims):
+    if d.name in new_names:
+      x = mtf.rename_dimension(x, d.name, "_" + d.name)
+      reduced_dims[i] = mtf.Dimension("_" + d.name, d.size)
   _check_dims(x, new_dims, "dense new_dims", present=False)
   reduced_names = {d.name for d in reduced_dims}
   if reduced_names & {d.name for d in expert_dims}:
     raise ValueError("dense: a dim cannot be both reduced and expert")
   scope = _scope(x.mesh, name, "dense")
   vdt = _variable_dtype(variable_dtype, x)
-  if kernel_initializer is None:
-    fan_in = 1
-    for d in reduced_dims:
-      fan_in *= d.size
-    kernel_initializer = mtf.truncated_normal_initializer(
-        stddev=math.sqrt(1.0 / max(1, fan_in)) / 0.87962566103423978)
-  w = dtypes.get_variable(x.mesh, scope + "/kernel",
-                          mtf.Shape(expert_dims + reduced_dims + new_dims),
-                          dtype=vdt, initializer=kernel_initializer)
-  w = mtf.cast(w, x.dtype) if w.dtype != x.dtype else w
+  w = kernel_weights
+  if w is None:
+    # Looked up in this module at call time (tests may replace it).
+    w = get_dense_kernel_weights(x, new_dims, reduced_dims, expert_dims,
+                                 kernel_initializer, scope, vdt)
   output_shape = mtf.Shape([d for d in x.shape.dims
                             if d.name not in reduced_names] + new_dims)
   y = mtf.einsum([x, w], output_shape=output_shape, name=scope + "/einsum")
@@ -116,6 +123,32 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
   if activation is not None:
     y = activation(y)
   return y
+
+
+def get_dense_kernel_weights(x, new_dims, reduced_dims, expert_dims,
+                             kernel_initializer, name=None,
+                             variable_dtype=None, **unused_kwargs):
+  """dense's kernel variable, expert_dims + reduced_dims + new_dims, in x's
+  dtype, named "<name>/kernel" (name as given, else "dense" made unique).
+
+  Example:
+    >>> w = get_dense_kernel_weights(x, [d_ff], [d_model], [], None, "ffn")
+    >>> w.shape                       # [d_model, d_ff], variable ffn/kernel
+  """
+  reduced_dims = _dim_list(reduced_dims)
+  if kernel_initializer is None:
+    fan_in = 1
+    for d in reduced_dims:
+      fan_in *= d.size
+    kernel_initializer = mtf.truncated_normal_initializer(
+        stddev=math.sqrt(1.0 / max(1, fan_in)) / 0.87962566103423978)
+  scope = _scope(x.mesh, name, "dense")
+  w = dtypes.get_variable(
+      x.mesh, scope + "/kernel",
+      mtf.Shape(_dim_list(expert_dims) + reduced_dims + _dim_list(new_dims)),
+      dtype=_variable_dtype(variable_dtype, x),
+      initializer=kernel_initializer)
+  return mtf.cast(w, x.dtype) if w.dtype != x.dtype else w
 
 
 # --- normalization -----------------------------------------------------------
@@ -629,7 +662,8 @@ def masked_local_attention_1d(x, kv_channels, heads, window_size=128,
 
 
 __all__ = [
-    "dense", "layer_norm", "rms_norm", "embedding_weights", "embedding",
+    "dense", "get_dense_kernel_weights", "layer_norm", "rms_norm",
+    "embedding_weights", "embedding",
     "softmax_cross_entropy_with_logits", "dense_relu_dense",
     "rename_length_to_memory_length", "dot_product_attention",
     "multihead_attention_vars", "multihead_attention",

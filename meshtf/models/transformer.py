@@ -44,6 +44,11 @@ from meshtf.models import transformer_layers as tl
 NORMS = {"rms_norm": layers.rms_norm, "layer_norm": layers.layer_norm}
 
 
+# Mesh TF's transformer module held these; its code uses them from here.
+Context = tl.Context
+TransformerLayer = tl.TransformerLayer
+
+
 def _round_up(n, divisor):
   return -(-n // divisor) * divisor
 
@@ -63,8 +68,14 @@ class LayerStack(tl.TransformerLayer):
     ...                    dropout_rate=0.1, norm_type="layer_norm")
   """
 
-  def __init__(self, layers_list, dropout_rate=0.0, norm_epsilon=1e-6,
-               norm_type="rms_norm", pipeline=None):
+  def __init__(self, layers_list=None, dropout_rate=0.0, norm_epsilon=1e-6,
+               norm_type="rms_norm", pipeline=None, layers=None):
+    # `layers=` is Mesh TensorFlow's keyword for the list.
+    if (layers_list is None) == (layers is None):
+      raise ValueError("LayerStack: pass the layer list once, as the first "
+                       "argument or as layers=")
+    if layers_list is None:
+      layers_list = layers
     self._layers = [l if isinstance(l, tl.TransformerLayer)
                     else tl.FunctionLayer(l) for l in layers_list]
     if norm_type not in NORMS:

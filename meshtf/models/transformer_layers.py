@@ -91,6 +91,11 @@ class Context(object):
       have ids 1, 2, ... per segment and 0 on padding. Attention stays
       within a segment.
     encoder_output / encoder_sequence_id: for EncDecAttention.
+    inputs: the input ids [batch..., length] or None (conv layers zero the
+      padding positions, ids 0, with them).
+    initial_position: int Tensor [batch...] or None: in "first_part" mode
+      the first position to decode (conv layers record the inputs before
+      it as their decoding state).
     losses: list to which layers append extra scalar losses (MoE), or None
       when no loss is computed.
     step: optional int scalar Tensor (the training step); dropout masks
@@ -115,16 +120,24 @@ class Context(object):
     True
   """
 
-  def __init__(self, mesh, batch_dims, length_dim, model_dim,
+  def __init__(self, mesh, batch_dims, length_dim, model_dim=None,
                variable_dtype=None, mode="train", autoregressive=False,
                position=None, sequence_id=None, encoder_output=None,
                encoder_sequence_id=None, losses=None, step=None,
                shared_params=None, model=None, states=None, new_states=None,
-               constant_states=None):
+               constant_states=None, inputs=None, initial_position=None):
     self.mesh = mesh
     self.batch_dims = list(batch_dims)
     self.length_dim = length_dim
+    if model_dim is None:   # Mesh TF's Context took it from the model
+      model_dim = getattr(model, "model_dim", None)
+    if model_dim is None:
+      raise ValueError("Context: pass model_dim or a model that has one")
     self.model_dim = model_dim
+    # Mesh TF's names: the input ids [batch..., length] (conv layers mask
+    # padding with them) and the first position decoding computes.
+    self.inputs = inputs
+    self.initial_position = initial_position
     self.variable_dtype = variable_dtype or dtypes.VariableDType(tf.float32)
     if mode not in MODES:
       raise ValueError("Context: mode %r is not one of %s" % (mode, MODES))
@@ -719,3 +732,9 @@ __all__ = [
     "sinusoidal_position_signal", "autoregressive_inputs",
     "delimited_lm_inputs_mask", "MASK_VALUE", "MODES",
 ]
+
+# The convolution layers live in their own module (this one is near its
+# size limit); Mesh TF had them in transformer_layers.
+from meshtf.models.conv_transformer_layers import *  # noqa: E402,F401,F403
+from meshtf.models import conv_transformer_layers as _conv  # noqa: E402
+__all__ += _conv.__all__

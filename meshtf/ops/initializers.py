@@ -309,6 +309,12 @@ def _call_initializer(fn, shape, dtype):
   return fn(shape)
 
 
+# Public names for other meshtf modules (conv_layers adapts plain-function
+# initializers to Mesh TF's filter shapes).
+BY_CLASS_NAME = _BY_CLASS_NAME
+call_initializer = _call_initializer
+
+
 def _slice_of(full, begin, slice_shape, full_shape):
   """The slice at begin of full; the last slices of an uneven split reach
   past the variable's end and are padded."""

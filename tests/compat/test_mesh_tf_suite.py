@@ -12,7 +12,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mtf_runner  # noqa: E402  pylint: disable=g-import-not-at-top
 
-PASSED_AT_LEAST = 115
+PASSED_AT_LEAST = 127
 
 pytestmark = pytest.mark.skipif(
     not mtf_runner.mesh_tf_installed(),
