@@ -40,6 +40,18 @@ class Graph(object):
     self._names = set()
     self._next_suffix = {}
 
+  def combine_assignments(self, assignments):
+    """Mesh TensorFlow's hook for merging a step's variable assignments
+    into fewer operations; returns them unchanged. Mesh TF combined them
+    to save TF1 graph nodes; meshtf's lowering emits one assign per slice
+    either way, and its gradient allreduces are bucketed instead
+    (meshtf/lowering/bucketing.py).
+
+    Example:
+      >>> ops = graph.combine_assignments([mtf.assign_sub(w, g)])
+    """
+    return list(assignments)
+
   def unique_name(self, name):
     """`name` if unused, else `name_1`, `name_2`, ...
 

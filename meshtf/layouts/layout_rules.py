@@ -122,6 +122,35 @@ class LayoutRules(object):
       return None
     return axes[0] if len(axes) == 1 else axes
 
+  def tensor_layout(self, tensor_shape, mesh_shape):
+    """Mesh TensorFlow's form: the TensorLayout of tensor_shape on
+    mesh_shape under these rules (LayoutError if two of its dims would
+    split over one mesh axis).
+
+    Example:
+      >>> LayoutRules([("batch", "x")]).tensor_layout(
+      ...     shapes.convert_to_shape("batch:4;d:2"),
+      ...     shapes.convert_to_shape("x:2")).tensor_axis_to_mesh_axis
+      (0, None)
+    """
+    from meshtf.layouts import tensor_layouts  # imports this module
+    from meshtf import shapes
+    return tensor_layouts.tensor_layout(
+        shapes.convert_to_shape(tensor_shape),
+        shapes.convert_to_shape(mesh_shape), self)
+
+  def mesh_dimension_name_to_tensor_dimension_names(self, mesh_dim_name):
+    """Mesh TensorFlow's form: the tensor dims whose rules split over the
+    mesh axis named mesh_dim_name (alone or with others), in rule order.
+
+    Example:
+      >>> LayoutRules([("batch", "x"), ("d_ff", "x+y")]
+      ...             ).mesh_dimension_name_to_tensor_dimension_names("x")
+      ['batch', 'd_ff']
+    """
+    return [dim for dim, axes in self._by_dim.items()
+            if mesh_dim_name in axes]
+
   def __repr__(self):
     return "LayoutRules(%r)" % ";".join("%s:%s" % p for p in self._pairs)
 

@@ -267,8 +267,7 @@ def _check_gating_args(op_name, logits, group_size_dim, experts_dim,
 
 def _top_1(x, dim):
   """(max value, argmax) along dim."""
-  index, value = mtf.top_1(x, dim)
-  return value, index
+  return mtf.top_1(x, dim)
 
 
 def _router_probabilities(logits, experts_dim):

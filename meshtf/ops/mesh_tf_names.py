@@ -229,7 +229,12 @@ def processor_groups(mesh_shape, group_dims):
 
 
 def tensor_dim_to_mesh_dim_size(layout, mesh_shape, tensor_dim):
-  """How many ways the layout splits tensor_dim (1 if not split)."""
+  """How many ways the layout splits tensor_dim (1 if not split, or when
+  the mesh or the layout is not given: a model built without them, as
+  Mesh TF's Unitransformer(layout=None, mesh_shape=None), sees one
+  processor)."""
+  if mesh_shape is None or layout is None:
+    return 1
   layout_obj = mesh_layout_lib.MeshLayout(mesh_shape, layout)
   axes = layout_obj.split_axes(tensor_dim)
   return list_product([layout_obj.mesh_shape.dims[a].size for a in axes])

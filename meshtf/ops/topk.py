@@ -134,18 +134,18 @@ def top_k(x, reduced_dim, k_dim, name=None):
 
 
 def top_1(x, reduced_dim, dtype=tf.int32, name=None):
-  """(argmax, max) of x along reduced_dim, in Mesh TensorFlow's order
-  (indices first); both have x's shape without reduced_dim. Ties go to the
-  first index.
+  """(max, argmax) of x along reduced_dim, in Mesh TensorFlow 0.1.21's
+  order (values first); both have x's shape without reduced_dim. Ties go
+  to the first index.
 
   Example:
-    >>> expert, gate = mtf.top_1(logits, experts_dim)
+    >>> gate, expert = mtf.top_1(logits, experts_dim)
   """
   op = TopKOperation(x, reduced_dim, None, name=name)
   values, indices = op.outputs[0], op.outputs[1]
   if tf.as_dtype(dtype) != indices.dtype:
     indices = elementwise.cast(indices, dtype)
-  return indices, values
+  return values, indices
 
 
 def argmax(x, reduced_dim, dtype=tf.int32, name=None):
@@ -155,7 +155,7 @@ def argmax(x, reduced_dim, dtype=tf.int32, name=None):
   Example:
     >>> predictions = mtf.argmax(logits, vocab_dim)
   """
-  return top_1(x, reduced_dim, dtype, name=name)[0]
+  return top_1(x, reduced_dim, dtype, name=name)[1]
 
 
 def sample_with_temperature(logits, dim, temperature=1.0, name=None):

@@ -275,7 +275,7 @@ def test_top_k_with_k_and_vocab_on_one_axis():
 def test_top_1_and_argmax(axis):
   dim = [BATCH, VOCAB][axis]
   def model(mesh, t):
-    indices, values = topk.top_1(t["x"], dim)  # Mesh TF's order
+    values, indices = topk.top_1(t["x"], dim)  # Mesh TF 0.1.21's order
     return {"values": values, "indices": indices,
             "argmax": topk.argmax(t["x"], dim.name)}
   def reference(t):
