@@ -454,6 +454,16 @@ def _stage_axis_problems(config, layout):
             "'stage', or --config.pipeline_stages=%d" % (
                 stages, str(config.layout), "+".join(axes), size, mesh,
                 stages, size)]
+  # Activation annotations name every dim they keep split; one without a
+  # stage rule would replicate the pipeline's buffer over the stage axis.
+  annotated = [r.split(":", 1)[0].strip()
+               for r in str(config.activation_layout).split(";")
+               if r.strip()]
+  if annotated and "stage" not in annotated:
+    return ["pipeline_stages=%d but --config.activation_layout=%r has no "
+            "rule for dim 'stage', so its annotations would replicate the "
+            "pipeline buffer: add 'stage:%s' to it" % (
+                stages, str(config.activation_layout), "+".join(axes))]
   return []
 
 

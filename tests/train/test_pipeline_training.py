@@ -97,6 +97,12 @@ def test_bad_pipeline_settings_are_one_line_each_with_the_fix():
   assert _problems(circular_repeats=0, layout="batch:data") == [
       "circular_repeats=0 must be a positive integer (1: no pipelining): set"
       " --config.circular_repeats=1"]
+  assert _problems(activation_layout="batch:data", **stage) == [
+      "pipeline_stages=2 but --config.activation_layout='batch:data' has no "
+      "rule for dim 'stage', so its annotations would replicate the "
+      "pipeline buffer: add 'stage:pipe' to it"]
+  config_lib.validate(_lm_tiny(activation_layout="stage:pipe;batch:data",
+                               **stage), check_layout=False)   # no error
   moe = _problems(**dict(stage, **{"moe.num_experts": 4}))
   assert moe == ["pipeline_stages=2: MoE layers (moe.num_experts=4) cannot "
                  "be pipelined: set --config.moe.num_experts=0 or "
