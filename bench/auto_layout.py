@@ -13,7 +13,6 @@ Usage: python bench/auto_layout.py [--only=mtf_lm_table2,...]
 """
 import argparse
 import copy
-import importlib.util
 import json
 import os
 import sys
@@ -41,14 +40,6 @@ CASES = [
 ]
 
 
-def _load(name, row):
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(CONFIGS, name + ".py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(row) if row else module.get_config()
-
-
 def _planned(config):
   layout = config_lib.mesh_layout(config)
   graph, _ = experiment.build_training_graph(config, layout)
@@ -71,7 +62,7 @@ def main():
   for name, file, row, memory_gb, dims in CASES:
     if only and name not in only:
       continue
-    config = _load(file, row)
+    config = config_lib.load_file(os.path.join(CONFIGS, file + ".py"), row)
     config.auto_memory_gb = memory_gb
     config.auto_layout_dims = dims
     paper = _planned(config)

@@ -23,7 +23,6 @@ Per run, one JSON object with:
 Usage: python bench/memory.py [--steps=3]
 """
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -56,11 +55,7 @@ WIDE = dict(d_model=256, d_ff=1024, d_kv=64, vocab_size=1024, batch_size=64,
 
 
 def load_config(name, layout, variable_layout):
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(CONFIGS, name + ".py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  c = config_lib.load_file(os.path.join(CONFIGS, name + ".py"))
   c.mesh_shape, c.layout = "data:%d" % N, layout
   c.variable_layout = variable_layout
   c.dropout_rate = 0.0

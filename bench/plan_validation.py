@@ -17,7 +17,6 @@ Usage: python bench/plan_validation.py [--steps=5]
 """
 import argparse
 import gc
-import importlib.util
 import json
 import os
 import sys
@@ -68,11 +67,7 @@ LAYOUTS = {  # config: [(mesh_shape, layout, variable_layout)]
 
 
 def load_config(name, mesh_shape, layout, variable_layout):
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(CONFIGS, name + ".py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  c = module.get_config()
+  c = config_lib.load_file(os.path.join(CONFIGS, name + ".py"))
   c.mesh_shape, c.layout, c.variable_layout = mesh_shape, layout, \
       variable_layout
   c.dropout_rate = 0.0

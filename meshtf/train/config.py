@@ -509,6 +509,23 @@ def _task_problems(config):
   return out
 
 
+def load_file(path, arg=None):
+  """The config a config file's get_config() returns (get_config(arg)
+  when arg is given), read as a module without the binary's flags: what
+  benchmarks and tests use to start from t2t_configs/.
+
+  Example:
+    >>> load_file("t2t_configs/gspmd_dense.py", "64B_16x32,attempt1").layout
+    'd_model:x;d_ff:y;heads:y;vocab:y'
+  """
+  import importlib.util
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location("t2t_config_" + name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
+
+
 def mesh_layout(config):
   """The config's MeshLayout (mesh_shape and layout, parsed once: the
   binary, its preflight, the MoE layer and the multi-worker set-up all take
@@ -604,6 +621,7 @@ def layout_problem(config, mesh_layout_=None):
   return None
 
 
-__all__ = ["ConfigError", "default_config", "get_config", "validate",
+__all__ = ["ConfigError", "default_config", "get_config", "load_file",
+           "validate",
            "mesh_layout", "layout_problem", "unknown_keys",
            "moe_layer_indices"]

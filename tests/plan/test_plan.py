@@ -2,7 +2,6 @@
 collectives of a graph under a mesh layout, without devices -- exact
 against hand counts on the paper's two-layer network, equal to what a run
 emits, and the papers' scaling claims on their own configs."""
-import importlib.util
 import os
 
 import numpy as np
@@ -21,11 +20,7 @@ B, IO, H = 128, 64, 256
 
 
 def _config(name, row=None):
-  spec = importlib.util.spec_from_file_location(
-      name, os.path.join(CONFIGS, name + ".py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(row) if row else module.get_config()
+  return config_lib.load_file(os.path.join(CONFIGS, name + ".py"), row)
 
 
 def two_layer_step(mesh):
