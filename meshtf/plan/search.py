@@ -36,6 +36,7 @@ from meshtf.lowering import lowering as lowering_lib
 from meshtf.plan import accounting
 from meshtf.plan import estimate
 from meshtf.plan import hardware as hardware_lib
+from meshtf.plan import report as report_lib
 
 # Candidates enumerated at most (the search refuses larger spaces with a
 # line saying which dims to leave out).
@@ -191,10 +192,10 @@ def _screen(graphs, weights, layout, hw, cap):
       return None
     acc = accounting.account(ops, graph_layout, graph.backward_start)
     records = estimate.estimate_collectives(ops, graph_layout)
-    c = sum(max(cost.flops / hw.peak_flops, cost.bytes / hw.memory_bandwidth)
-            for cost in acc.costs) * (layout.size if hw.shared_compute else 1)
-    m = sum(r["count"] * hardware_lib.collective_seconds(
-        hw, layout.mesh_shape, r) for r in records)
+    # The report's own timing rules (what plan(trace=False) says).
+    report = report_lib.PlanReport(layout, hw, acc, records, graph_layout,
+                                   "estimated")
+    c, m = report.compute_seconds(), report.collective_seconds()
     compute += w * c
     comm += w * m
     step += w * (c + m + hw.step_overhead)

@@ -91,6 +91,7 @@ def choose_layout(config, log):
   from meshtf.plan import hardware as hardware_lib
   from meshtf.plan import report as report_lib
   from meshtf.plan import search as search_lib
+  from meshtf.train import experiment
   t0 = time.time()
   # Everything but the layout is checked first, one line per problem.
   config_lib.validate(_with(config, layout=""), check_layout=False,
@@ -123,7 +124,6 @@ def choose_layout(config, log):
   for c in result.ranked[:REPLANNED]:
     layout = layouts.MeshLayout(mesh.mesh_shape, c.rules,
                                 variable_rules=c.variable_rules or None)
-    from meshtf.train import experiment
     graph, _ = experiment.build_training_graph(
         _with(config, layout=c.rules, variable_layout=c.variable_rules),
         layout)
