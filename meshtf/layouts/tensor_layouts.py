@@ -108,6 +108,12 @@ def tensor_layout(tensor_shape, mesh_shape, layout_rules, tensor_name=None):
        for d in tensor_shape.dims], tensor_name)
 
 
+def _sentence_start(text):
+  """text with its first letter upper-cased and the rest as it is (str.
+  capitalize would lower-case the tensor's name: "MoE1D" -> "moe1d")."""
+  return text[:1].upper() + text[1:]
+
+
 def checked_layout(tensor_shape, mesh_shape, dim_axes, tensor_name=None,
                    fix=None):
   """TensorLayout(dim_axes) for tensor_shape, after checking that no mesh
@@ -123,7 +129,7 @@ def checked_layout(tensor_shape, mesh_shape, dim_axes, tensor_name=None,
             "%s with shape %s would split both dimension %r (size %d) and "
             "dimension %r (size %d) over mesh axis %r (size %d) of mesh %s. "
             "A tensor's dimensions must split over different mesh axes: %s."
-            % (errors.tensor_label(tensor_name).capitalize(),
+            % (_sentence_start(errors.tensor_label(tensor_name)),
                errors.describe_shape(tensor_shape), other.name, other.size,
                dim.name, dim.size, mesh_dim.name, mesh_dim.size,
                errors.describe_mesh(mesh_shape),

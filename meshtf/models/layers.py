@@ -677,6 +677,10 @@ __all__ = [
 from meshtf.models.conv_layers import *  # noqa: E402,F401,F403
 from meshtf.models import conv_layers as _conv_layers  # noqa: E402
 __all__ += _conv_layers.__all__
+# ... and more of Mesh TF's layers.py names (jitter, sigmoid cross entropy).
+from meshtf.models.mesh_tf_layers import *  # noqa: E402,F401,F403
+from meshtf.models import mesh_tf_layers as _mesh_tf_layers  # noqa: E402
+__all__ += _mesh_tf_layers.__all__
 
 
 def weights_nonzero(targets, dtype=tf.float32):

@@ -592,21 +592,6 @@ def moe_layer(x, output_dim, hparams, train, variable_dtype=None,
   return y, metrics
 
 
-def transformer_moe_layer_v1(inputs, output_dim, hparams, train,
-                             variable_dtype=None, layout=None,
-                             mesh_shape=None):
-  """Mesh TensorFlow's entry point: moe_layer returning (output, loss), loss
-  = metrics["loss"]. (Mesh TensorFlow's `nonpadding` is not supported.)
-
-  Example:
-    >>> y, loss = transformer_moe_layer_v1(x, d_model, hparams, train=True)
-  """
-  y, metrics = moe_layer(inputs, output_dim, hparams, train,
-                         variable_dtype=variable_dtype, layout=layout,
-                         mesh_shape=mesh_shape)
-  return y, metrics["loss"]
-
-
 # --- as a Transformer layer ---------------------------------------------------
 class MoeFeedForward(tl.TransformerLayer):
   """A Transformer LayerStack feed-forward layer that is a GShard MoE layer
@@ -645,6 +630,15 @@ class MoeFeedForward(tl.TransformerLayer):
     return y
 
 
-__all__ = ["MoeParams", "moe_layer", "MoeFeedForward", "transformer_moe_layer_v1",
-           "top_2_gating", "switch_gating", "expert_capacity",
-           "split_into_groups", "validate_hparams"]
+__all__ = ["MoeParams", "moe_layer", "MoeFeedForward", "top_2_gating",
+           "switch_gating", "expert_capacity", "split_into_groups",
+           "validate_hparams"]
+
+# Mesh TensorFlow's own MoE layers, with its routing and numbers, under its
+# names (mtf.transformer.moe.MoE1D ... after meshtf.compat.install()).
+from meshtf.models.mesh_tf_moe import HParams  # noqa: E402,F401
+from meshtf.models.mesh_tf_moe import MoE1D  # noqa: E402,F401
+from meshtf.models.mesh_tf_moe import MoE2D  # noqa: E402,F401
+from meshtf.models.mesh_tf_moe import set_default_moe_hparams  # noqa: E402,F401
+from meshtf.models.mesh_tf_moe import transformer_moe_layer_v1  # noqa: E402,F401
+from meshtf.models.mesh_tf_moe import transformer_moe_layer_v2  # noqa: E402,F401

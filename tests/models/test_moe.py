@@ -385,13 +385,3 @@ def test_bad_inputs_raise_clear_errors():
   with pytest.raises(ValueError, match="experts_dim"):
     moe.top_2_gating(logits, dims[1], mtf.Dimension("experts", 4), capacity,
                      moe.MoeParams(), True)
-
-
-def test_mesh_tensorflow_entry_point():
-  graph = mtf.Graph()
-  mesh = mtf.Mesh(graph, "m")
-  x = mtf.zeros(mesh, "batch:4;length:8;d_model:4")
-  y, loss = moe.transformer_moe_layer_v1(
-      x, x.shape.dims[-1], moe.MoeParams(moe_num_experts=4, moe_group_size=8,
-                                         moe_hidden_size=8), train=True)
-  assert y.shape == x.shape and loss.shape == mtf.Shape([])
