@@ -149,6 +149,10 @@ from meshtf.ops.slicewise import cwise
 from meshtf.ops.slicewise import slicewise
 # Mesh TensorFlow's Operation classes and ops.py helpers by their names.
 from meshtf.ops.mesh_tf_names import *  # noqa: F401,F403,E402
+from meshtf.ops.mesh_tf_helpers import *  # noqa: F401,F403,E402
+from meshtf.ops.control import CustomGradientOperation  # noqa: E402
+from meshtf.ops.index import RangeOperation  # noqa: E402
+from meshtf.ops.topk import TopKOperation  # noqa: E402
 from meshtf.ops.conv import ConvOperation  # noqa: E402
 from meshtf.ops.einsum import EinsumOperation  # noqa: E402
 from meshtf.ops.elementwise import BroadcastOperation  # noqa: E402
