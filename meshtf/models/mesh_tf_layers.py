@@ -115,5 +115,160 @@ def annealed_dropout(x, is_training, start_step, end_step, init_rate=None,
   return x * keep
 
 
+_UNIT_SCALING = [False]
+
+
+def unit_scaling_convention(value=None):
+  """Whether the unit-scaling convention is on (us_einsum then divides by
+  the square root of the contracted size); value=True / False sets it.
+  (Mesh TF set it with gin; meshtf's gin-free setter is this argument.)
+
+  Example:
+    >>> unit_scaling_convention(True); unit_scaling_convention()
+    True
+  """
+  if value is not None:
+    _UNIT_SCALING[0] = bool(value)
+  return _UNIT_SCALING[0]
+
+
+def us_einsum(xs, *args, **kwargs):
+  """mtf.einsum, divided by sqrt(size of the contracted dims) under the
+  unit-scaling convention.
+
+  Example:
+    >>> y = us_einsum([x, w], output_shape=[batch, d_ff])
+  """
+  y = mtf.einsum(xs, *args, **kwargs)
+  if unit_scaling_convention():
+    kept = set(y.shape.dims)
+    contracted = {d for x in xs for d in x.shape.dims if d not in kept}
+    y *= mtf.Shape(sorted(contracted, key=lambda d: d.name)).size ** -0.5
+  return y
+
+
+def summary_for_clip_activation_gradient(t, name=None, batch_dims=None):
+  """Accepted and ignored, as mtf.scalar_summary (Mesh TF wrote activation
+  statistics to TPUEstimator's summaries).
+
+  Example:
+    >>> summary_for_clip_activation_gradient(x, "act")   # no-op
+  """
+  del t, name, batch_dims
+
+
+def clip_activation_gradient(x, clip_rms_norm=None):
+  """Identity forward; backward, each incoming gradient is divided by
+  max(1, rms(gradient) / clip_rms_norm) (no clipping when it is None).
+
+  Example:
+    >>> x = clip_activation_gradient(x, clip_rms_norm=1.0)
+  """
+  def forward(t):
+    return mtf.identity(t)
+
+  def backward(explicit_inputs, all_inputs, forward_operations, outputs,
+               output_grads):
+    del explicit_inputs, all_inputs, forward_operations, outputs
+    if not clip_rms_norm:
+      return output_grads
+    clipped = []
+    for g in output_grads:
+      rms = mtf.sqrt(mtf.reduce_mean(mtf.square(g)))
+      clipped.append(g / mtf.maximum(1.0, rms / clip_rms_norm))
+    return clipped
+  return mtf.custom_gradient(forward, backward, [x])
+
+
+def multihead_attention_params(mesh, heads, io_channels, kv_channels,
+                               variable_dtype, combine=False):
+  """Mesh TF's attention weights, each [heads, io_channels, kv_channels]:
+  "q", "k" (stddev io**-0.5 * kv**-0.25), "v" (io**-0.5) and "o" ((io *
+  heads)**-0.5); combine=True makes one "qkvo" variable [qkvo:4, heads,
+  io, kv] (a plain-function initializer: computed on the host, then
+  sliced) and returns its four parts.
+
+  Example:
+    >>> wq, wk, wv, wo = multihead_attention_params(mesh, heads, d, kv, vdt)
+  """
+  qk = (io_channels.size ** -0.5) * (kv_channels.size ** -0.25)
+  stddevs = [qk, qk, io_channels.size ** -0.5,
+             (io_channels.size * heads.size) ** -0.5]
+  shape = [heads, io_channels, kv_channels]
+  if combine:
+    qkvo = mtf.Dimension("qkvo", 4)
+
+    def qkvo_initializer(full_shape, dtype=None, partition_info=None):
+      del partition_info
+      scale = tf.reshape(tf.constant(stddevs, dtype or tf.float32),
+                         [4, 1, 1, 1])
+      return tf.random.normal(full_shape, dtype=dtype or tf.float32) * scale
+    var = mtf.get_variable(mesh, "qkvo", mtf.Shape([qkvo] + shape),
+                           initializer=qkvo_initializer, dtype=variable_dtype)
+    return mtf.unstack(var, qkvo)
+  return [mtf.get_variable(mesh, n, mtf.Shape(shape), dtype=variable_dtype,
+                           initializer=mtf.random_normal_initializer(
+                               stddev=s))
+          for n, s in zip("qkvo", stddevs)]
+
+
+def multihead_self_attention_incremental(query_antecedent, prev_k, prev_v,
+                                         step_num, master_dtype, slice_dtype,
+                                         name="multihead_attention"):
+  """One decoding step of self-attention: the query at step_num (int32
+  scalar Tensor) [batch..., io] writes its key and value into the caches
+  prev_k / prev_v [batch..., heads, memory_length, kv] and attends to the
+  positions <= step_num. Returns (y [batch..., io], new_k, new_v). The
+  weights are layers.multihead_attention_vars' under `name`.
+
+  Example:
+    >>> y, k, v = multihead_self_attention_incremental(
+    ...     x, k, v, step, tf.float32, tf.float32)
+  """
+  from meshtf.models import dtypes  # pylint: disable=g-import-not-at-top
+  from meshtf.models import layers  # pylint: disable=g-import-not-at-top
+  batch_dims = query_antecedent.shape.dims[:-1]
+  io_channels = query_antecedent.shape.dims[-1]
+  heads, memory_length, kv_channels = prev_k.shape.dims[-3:]
+  wq, wk, wv, wo = layers.multihead_attention_vars(
+      query_antecedent.mesh, heads, io_channels, kv_channels,
+      dtypes.VariableDType(master_dtype, slice_dtype,
+                           query_antecedent.dtype), name=name)
+  head_shape = mtf.Shape(batch_dims + [heads, kv_channels])
+  q, k, v = (mtf.einsum([query_antecedent, w], head_shape)
+             for w in (wq, wk, wv))
+  here = mtf.one_hot(step_num, memory_length, dtype=prev_k.dtype)
+  k = prev_k + mtf.multiply(k, here, output_shape=prev_k.shape)
+  v = prev_v + mtf.multiply(v, here, output_shape=prev_v.shape)
+  future = mtf.greater(mtf.range(query_antecedent.mesh, memory_length,
+                                 dtype=tf.int32), step_num)
+  o = layers.dot_product_attention(q, k, v, mtf.cast(future, q.dtype) * -1e9,
+                                   is_training=False)
+  return mtf.einsum([o, wo], query_antecedent.shape), k, v
+
+
+def multihead_encdec_attention_incremental(query_antecedent, wq, wo, k, v,
+                                           mask, name="multihead_attention"):
+  """One decoding step of attention over the encoder's cached keys and
+  values k, v [memory dims..., heads, memory_length, kv] with the given
+  weights; mask is an additive bias. Returns [query dims..., io].
+
+  Example:
+    >>> y = multihead_encdec_attention_incremental(x, wq, wo, k, v, mask)
+  """
+  from meshtf.models import layers  # pylint: disable=g-import-not-at-top
+  del name  # the weights are given
+  heads, _, kv_channels = k.shape.dims[-3:]
+  q = mtf.einsum([query_antecedent, wq], mtf.Shape(
+      query_antecedent.shape.dims[:-1] + [heads, kv_channels]))
+  o = layers.dot_product_attention(q, k, v, mask, is_training=False)
+  return mtf.einsum([o, wo], query_antecedent.shape)
+
+
 __all__ = ["multiplicative_jitter", "sigmoid_cross_entropy_with_logits",
-           "compress_mean", "attention_bias_local_block", "annealed_dropout"]
+           "compress_mean", "attention_bias_local_block", "annealed_dropout",
+           "unit_scaling_convention",
+           "us_einsum", "summary_for_clip_activation_gradient",
+           "clip_activation_gradient", "multihead_attention_params",
+           "multihead_self_attention_incremental",
+           "multihead_encdec_attention_incremental"]

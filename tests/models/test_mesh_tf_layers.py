@@ -57,3 +57,60 @@ def test_local_block_bias_and_annealed_dropout():
   np.testing.assert_array_equal(lowering.export_to_tf_tensor(done), 1.0)
   with pytest.raises(ValueError, match="step="):
     layers.annealed_dropout(x, True, 0, 100, init_rate=0.5)
+
+
+def test_clip_activation_gradient_and_unit_scaling():
+  x = harness.random_array([8, 4], 2)
+  w = harness.random_array([4, 2], 3)
+
+  def model(mesh, t):
+    y = layers.clip_activation_gradient(t["x"], clip_rms_norm=1e-3)
+    out = {"clipped": mtf.einsum([y, t["w"]], output_shape="batch:8;e:2")}
+    layers.unit_scaling_convention(True)
+    try:
+      out["scaled"] = layers.us_einsum([t["x"], t["w"]],
+                                       output_shape="batch:8;e:2")
+    finally:
+      layers.unit_scaling_convention(False)
+    return out
+  runs = harness.assert_layout_invariant(
+      model, {"x": (x, "batch:8;d:4"), "w": (w, "d:4;e:2")}, LAYOUTS,
+      wrt=["x"])
+  base = next(iter(runs.values()))
+  np.testing.assert_allclose(base.outputs["scaled"], x @ w / 2.0, rtol=1e-5)
+  np.testing.assert_allclose(base.outputs["clipped"], x @ w, rtol=1e-5)
+  # The gradient reaching x through the clipped path has rms <= 1e-3; the
+  # unclipped one (through us_einsum) is the rest.
+  c_scaled = harness.random_array([8, 2], 1235)
+  unclipped = c_scaled @ w.T / 2.0
+  through_clip = base.grads["x"] - unclipped
+  assert np.sqrt(np.mean(np.square(through_clip))) <= 1e-3 * 1.0001
+
+
+def test_attention_params_and_incremental_self_attention():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  heads, io, kv = (mtf.Dimension("heads", 2), mtf.Dimension("d", 4),
+                   mtf.Dimension("kv", 3))
+  params = layers.multihead_attention_params(mesh, heads, io, kv, tf.float32)
+  assert [p.shape for p in params] == [mtf.Shape([heads, io, kv])] * 4
+  memory = mtf.Dimension("memory_length", 5)
+  batch = mtf.Dimension("batch", 2)
+  cache = mtf.zeros(mesh, mtf.Shape([batch, heads, memory, kv]))
+  x = mtf.random_uniform(mesh, mtf.Shape([batch, io]))
+  step = mtf.constant(mesh, 2, dtype=tf.int32)
+  y, k, v = layers.multihead_self_attention_incremental(
+      x, cache, cache, step, tf.float32, tf.float32, name="att")
+  y2 = layers.multihead_encdec_attention_incremental(
+      x, *[mtf.get_variable(mesh, "att/" + n, shape=s) for n, s in (
+          ("q", mtf.Shape([io, heads, kv])),
+          ("o", mtf.Shape([heads, kv, io])))], k, v, None)
+  lowering = mtf.Lowering(graph, {mesh: mtf.PlacementMeshImpl(
+      "all:1", "", ["/cpu:0"])})
+  k_np = lowering.export_to_tf_tensor(k).numpy()
+  # Only position 2 of the cache is written; the query attends to it
+  # alone (earlier keys are zeros but visible: equal logits 0).
+  assert np.abs(k_np[:, :, [0, 1, 3, 4]]).max() == 0
+  assert np.abs(k_np[:, :, 2]).max() > 0
+  assert lowering.export_to_tf_tensor(y).numpy().shape == (2, 4)
+  assert lowering.export_to_tf_tensor(y2).numpy().shape == (2, 4)
