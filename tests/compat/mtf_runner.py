@@ -48,6 +48,15 @@ FILES = [
 ]
 
 
+def skip_unless_mesh_tf_installed():
+  """The pytest mark of the tests that need the `mesh-tensorflow` package."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  return pytest.mark.skipif(
+      not mesh_tf_installed(),
+      reason="mesh-tensorflow 0.1.21 is not installed (pip install -e "
+             "'.[test]' installs it)")
+
+
 def mesh_tf_installed():
   """True if the `mesh-tensorflow` package (its test files) is installed."""
   sys.path.insert(0, ROOT)

@@ -8,16 +8,12 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mtf_runner  # noqa: E402  pylint: disable=g-import-not-at-top
 
-pytestmark = pytest.mark.skipif(
-    not mtf_runner.mesh_tf_installed(),
-    reason="mesh-tensorflow 0.1.21 is not installed (pip install -e "
-           "'.[test]' installs it)")
+pytestmark = mtf_runner.skip_unless_mesh_tf_installed()
 
 
 def test_mesh_tf_unitransformer_and_moe1d_train_alike_on_every_layout():

@@ -10,17 +10,13 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import mtf_moe_layers  # noqa: E402  pylint: disable=g-import-not-at-top
 import mtf_runner  # noqa: E402  pylint: disable=g-import-not-at-top
 
-pytestmark = pytest.mark.skipif(
-    not mtf_runner.mesh_tf_installed(),
-    reason="mesh-tensorflow 0.1.21 is not installed (pip install -e "
-           "'.[test]' installs it)")
+pytestmark = mtf_runner.skip_unless_mesh_tf_installed()
 
 
 def test_meshtf_moe_layers_give_mesh_tf_numbers():
