@@ -43,7 +43,6 @@ from meshtf.models import moe as moe_lib
 from meshtf.models import transformer_layers as tl
 
 GATINGS = ("top_2", "switch")
-SECOND_POLICIES = ("all", "none", "threshold", "random")
 SWITCH_POLICIES = ("argmax", "input_dropout", "input_jitter", "sample")
 
 
@@ -111,9 +110,9 @@ def _check_hparams(hparams, where):
           "library=True)) for it" % (where, name, _hp(hparams, name)))
   for mode in ("train", "eval"):
     policy = _hp(hparams, "moe_second_policy_" + mode)
-    if gating == "top_2" and policy not in SECOND_POLICIES:
+    if gating == "top_2" and policy not in moe_lib.SECOND_POLICIES:
       raise ValueError("%s: moe_second_policy_%s=%r must be one of %s" % (
-          where, mode, policy, ", ".join(SECOND_POLICIES)))
+          where, mode, policy, ", ".join(moe_lib.SECOND_POLICIES)))
     policy = _hp(hparams, "moe_switch_policy_" + mode)
     if gating == "switch" and policy not in SWITCH_POLICIES:
       raise ValueError("%s: moe_switch_policy_%s=%r must be one of %s" % (
@@ -420,7 +419,7 @@ def transformer_moe_layer_v1(inputs, output_dim, hparams, train,
   n = inputs.shape.size // input_dim.size // outer_batch_dim.size
   num_groups, group_size = split_into_groups(
       n, _hp(hparams, "moe_group_size"),
-      moe_lib._mesh_dim_size(layout, mesh_shape, batch_dim))  # pylint: disable=protected-access
+      mtf.tensor_dim_to_mesh_dim_size(layout, mesh_shape, batch_dim))
   group_size_dim = mtf.Dimension("group", group_size)
   groups_dim = mtf.Dimension(batch_dim.name, num_groups)
   moe_dims = [outer_batch_dim, groups_dim, group_size_dim]
@@ -545,7 +544,7 @@ def transformer_moe_layer_v2(inputs, output_dim, hparams, train,
 
   num_groups, s_size = split_into_groups(
       b1.size * l.size, group_size,
-      moe_lib._mesh_dim_size(layout, mesh_shape, b1))  # pylint: disable=protected-access
+      mtf.tensor_dim_to_mesh_dim_size(layout, mesh_shape, b1))
   g1 = mtf.Dimension(b1.name, num_groups)
   g = mtf.Dimension(b1.name + "_unsplit", num_groups)
   s = mtf.Dimension("group_size_x", s_size)
@@ -555,7 +554,7 @@ def transformer_moe_layer_v2(inputs, output_dim, hparams, train,
       s_size, x.size, factor, min_capacity))
   num_groups, t_size = split_into_groups(
       a0.size * g.size * c.size, group_size,
-      moe_lib._mesh_dim_size(layout, mesh_shape, a0))  # pylint: disable=protected-access
+      mtf.tensor_dim_to_mesh_dim_size(layout, mesh_shape, a0))
   t = mtf.Dimension("group_size_y", t_size)
   h0 = mtf.Dimension(a0.name, num_groups)
   h = mtf.Dimension(a0.name + "_unsplit", num_groups)

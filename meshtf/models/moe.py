@@ -234,19 +234,6 @@ def expert_capacity(group_size, num_experts, capacity_factor, gating="top_2",
   return min(group_size, max(min_capacity, c))
 
 
-def _mesh_dim_size(layout, mesh_shape, dim):
-  """How many ways the mesh splits dim (the product of its axes' sizes
-  under a multi-axis rule): layout is a MeshLayout, or layout rules with
-  mesh_shape (Mesh TensorFlow's arguments)."""
-  if layout is None:
-    return 1
-  if not isinstance(layout, mtf.MeshLayout):
-    if mesh_shape is None:
-      return 1
-    layout = mtf.MeshLayout(mesh_shape, layout)
-  return math.prod(layout.axis_size(a) for a in layout.split_axes(dim))
-
-
 # --- gating -------------------------------------------------------------------
 def _check_gating_args(op_name, logits, group_size_dim, experts_dim,
                        expert_capacity_dim):
@@ -505,8 +492,8 @@ def moe_layer(x, output_dim, hparams, train, variable_dtype=None,
   group_dim_name = mtf.Dimension("group", 1)
   num_groups, group_size = _groups(
       x, x.shape.size // input_dim.size, hp("moe_num_groups"),
-      hp("moe_group_size"), _mesh_dim_size(layout, mesh_shape,
-                                           group_dim_name))
+      hp("moe_group_size"), mtf.tensor_dim_to_mesh_dim_size(
+          layout, mesh_shape, group_dim_name))
   factor = hp("moe_capacity_factor_" + ("train" if train else "eval"))
   capacity = expert_capacity(group_size, num_experts, factor, gating,
                              hp("moe_min_expert_capacity"))

@@ -232,10 +232,20 @@ def tensor_dim_to_mesh_dim_size(layout, mesh_shape, tensor_dim):
   """How many ways the layout splits tensor_dim (1 if not split, or when
   the mesh or the layout is not given: a model built without them, as
   Mesh TF's Unitransformer(layout=None, mesh_shape=None), sees one
-  processor)."""
-  if mesh_shape is None or layout is None:
+  processor). layout may also be a MeshLayout (then mesh_shape is None):
+  the product of the sizes of the axes a multi-axis rule splits it over.
+
+  Example:
+    >>> tensor_dim_to_mesh_dim_size("batch:rows+cols", "rows:2;cols:4",
+    ...                             mtf.Dimension("batch", 64))
+    8
+  """
+  if isinstance(layout, mesh_layout_lib.MeshLayout):
+    layout_obj = layout
+  elif mesh_shape is None or layout is None:
     return 1
-  layout_obj = mesh_layout_lib.MeshLayout(mesh_shape, layout)
+  else:
+    layout_obj = mesh_layout_lib.MeshLayout(mesh_shape, layout)
   axes = layout_obj.split_axes(tensor_dim)
   return list_product([layout_obj.mesh_shape.dims[a].size for a in axes])
 

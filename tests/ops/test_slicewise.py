@@ -70,6 +70,10 @@ def test_ops_py_helpers():
                                                    [3, 7]]
   hidden = mtf.Dimension("hidden", 16)
   assert mtf.tensor_dim_to_mesh_dim_size("hidden:c", mesh_shape, hidden) == 4
+  # A MeshLayout in place of (rules, mesh shape); multi-axis rules multiply.
+  assert mtf.tensor_dim_to_mesh_dim_size(
+      mtf.MeshLayout(mesh_shape, "hidden:r+c"), None, hidden) == 8
+  assert mtf.tensor_dim_to_mesh_dim_size("hidden:c", None, hidden) == 1
   assert mtf.tensor_dim_to_size_per_split("hidden:c", mesh_shape, hidden) == 4
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "m")
