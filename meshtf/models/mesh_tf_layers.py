@@ -107,11 +107,13 @@ def annealed_dropout(x, is_training, start_step, end_step, init_rate=None,
   uniform = mtf.random_uniform(
       x.mesh, noise_shape, dtype=x.dtype if x.dtype.is_floating else
       tf.float32, name=name or "annealed_dropout")
-  keep = mtf.cast(mtf.less(uniform, mtf.import_tf_tensor(
-      x.mesh, tf.cast(keep_prob, uniform.dtype), mtf.Shape([]))), x.dtype)
+  # One import of the step-dependent probability, in the draws' dtype
+  # (x's own when x is floating, the only case that rescales).
+  keep_prob = mtf.import_tf_tensor(
+      x.mesh, tf.cast(keep_prob, uniform.dtype), mtf.Shape([]))
+  keep = mtf.cast(mtf.less(uniform, keep_prob), x.dtype)
   if x.dtype.is_floating:
-    keep /= mtf.import_tf_tensor(x.mesh, tf.cast(keep_prob, x.dtype),
-                                 mtf.Shape([]))
+    keep /= keep_prob
   return x * keep
 
 

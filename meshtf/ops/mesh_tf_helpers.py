@@ -18,6 +18,7 @@ import collections
 
 import tensorflow as tf
 
+from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.ops import elementwise
 from meshtf.ops import io
@@ -84,7 +85,6 @@ def binary_arguments_to_tensors(x1, x2):
   Example:
     >>> a, b = mtf.binary_arguments_to_tensors(x, 2.0)   # b: Shape([])
   """
-  from meshtf import graph as graph_lib  # pylint: disable=g-import-not-at-top
   is_1, is_2 = (isinstance(x, graph_lib.Tensor) for x in (x1, x2))
   if not (is_1 or is_2):
     raise ValueError("binary_arguments_to_tensors: neither %r nor %r is a "
