@@ -59,7 +59,8 @@ def gradients(ys, xs, grad_ys=None, operations=None):
     out_grads = [total(t) for t in op.outputs]
     if all(g is None for g in out_grads):
       continue
-    if any(g is None for g in out_grads):
+    if any(g is None for g in out_grads) and not getattr(
+        op, "takes_missing_output_grads", False):
       out_grads = [g if g is not None else io.zeros_like(t)
                    for g, t in zip(out_grads, op.outputs)]
     first_new = len(graph.operations)

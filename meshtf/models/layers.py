@@ -48,10 +48,15 @@ def _scope(mesh, name, default):
   return name if name else mesh.graph.unique_name(default)
 
 
-def _variable_dtype(variable_dtype, x):
-  if variable_dtype is None:
-    return dtypes.VariableDType(x.dtype)
-  return variable_dtype
+def _variable_dtype(variable_dtype, x, master_dtype=None, slice_dtype=None):
+  """variable_dtype, else Mesh TF's VariableDType(master_dtype, slice_dtype,
+  x.dtype): 16-bit activations keep float32 variables, as there."""
+  if variable_dtype is not None:
+    return variable_dtype
+  if master_dtype is None:
+    master_dtype = (tf.float32 if x.dtype in (tf.bfloat16, tf.float16)
+                    else x.dtype)
+  return dtypes.VariableDType(master_dtype, slice_dtype, x.dtype)
 
 
 def _check_dims(x, dims, what, present=True):
@@ -65,8 +70,9 @@ def _check_dims(x, dims, what, present=True):
 
 # --- dense -------------------------------------------------------------------
 def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
-          activation=None, kernel_initializer=None, name=None,
-          variable_dtype=None, kernel_weights=None, **unused_kwargs):
+          activation=None, master_dtype=None, slice_dtype=None,
+          variable_dtype=None, kernel_initializer=None, kernel_weights=None,
+          name=None, **unused_kwargs):
   """A fully connected layer: einsum of x with a kernel, plus a bias.
 
   The kernel has shape expert_dims + reduced_dims + new_dims; the output has
@@ -76,10 +82,14 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
   (with expert_dims: one weight per expert element, a depthwise product).
   A new dim may have the name of a reduced one (Mesh TensorFlow allows it:
   "d_model" -> "d_model" of another size); the reduced one is then named
-  "_<name>" in the kernel. The default kernel initializer is a truncated
-  normal with variance 1 / fan_in, fan_in the product of the reduced dims'
-  sizes (Mesh TensorFlow's default). kernel_weights: a Tensor to use as the
-  kernel instead of a variable.
+  "_<name>" in the kernel. The default kernel initializer is Mesh
+  TensorFlow's VarianceScalingInitializer(): a normal of stddev
+  sqrt(1 / fan_in) truncated at two stddevs, fan_in the product of the
+  reduced dims' sizes. kernel_initializer may also be a DenseInitializer
+  (called with reduced_dims and new_dims, as in Mesh TF). kernel_weights: a
+  Tensor to use as the kernel instead of a variable. The arguments are Mesh
+  TF's, in its order (master_dtype / slice_dtype: the deprecated form of
+  variable_dtype).
 
   Example:
     >>> h = dense(x, mtf.Dimension("d_ff", 2048), activation=mtf.relu,
@@ -105,7 +115,7 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
   if reduced_names & {d.name for d in expert_dims}:
     raise ValueError("dense: a dim cannot be both reduced and expert")
   scope = _scope(x.mesh, name, "dense")
-  vdt = _variable_dtype(variable_dtype, x)
+  vdt = _variable_dtype(variable_dtype, x, master_dtype, slice_dtype)
   w = kernel_weights
   if w is None:
     # Looked up in this module at call time (tests may replace it).
@@ -114,6 +124,8 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
   output_shape = mtf.Shape([d for d in x.shape.dims
                             if d.name not in reduced_names] + new_dims)
   y = mtf.einsum([x, w], output_shape=output_shape, name=scope + "/einsum")
+  if unit_scaling_convention():  # Mesh TF's us_einsum
+    y = y * float(mtf.Shape(reduced_dims).size) ** -0.5
   if use_bias:
     b = dtypes.get_variable(x.mesh, scope + "/bias",
                             mtf.Shape(expert_dims + new_dims), dtype=vdt,
@@ -127,7 +139,8 @@ def dense(x, new_dims, reduced_dims=None, expert_dims=None, use_bias=True,
 
 def get_dense_kernel_weights(x, new_dims, reduced_dims, expert_dims,
                              kernel_initializer, name=None,
-                             variable_dtype=None, **unused_kwargs):
+                             variable_dtype=None, master_dtype=None,
+                             slice_dtype=None):
   """dense's kernel variable, expert_dims + reduced_dims + new_dims, in x's
   dtype, named "<name>/kernel" (name as given, else "dense" made unique).
 
@@ -137,16 +150,14 @@ def get_dense_kernel_weights(x, new_dims, reduced_dims, expert_dims,
   """
   reduced_dims = _dim_list(reduced_dims)
   if kernel_initializer is None:
-    fan_in = 1
-    for d in reduced_dims:
-      fan_in *= d.size
-    kernel_initializer = mtf.truncated_normal_initializer(
-        stddev=math.sqrt(1.0 / max(1, fan_in)) / 0.87962566103423978)
+    kernel_initializer = VarianceScalingInitializer()
+  if isinstance(kernel_initializer, DenseInitializer):
+    kernel_initializer = kernel_initializer(reduced_dims, _dim_list(new_dims))
   scope = _scope(x.mesh, name, "dense")
   w = dtypes.get_variable(
       x.mesh, scope + "/kernel",
       mtf.Shape(_dim_list(expert_dims) + reduced_dims + _dim_list(new_dims)),
-      dtype=_variable_dtype(variable_dtype, x),
+      dtype=_variable_dtype(variable_dtype, x, master_dtype, slice_dtype),
       initializer=kernel_initializer)
   return mtf.cast(w, x.dtype) if w.dtype != x.dtype else w
 
@@ -203,9 +214,11 @@ def rms_norm(x, dim, epsilon=1e-6, name="rms_norm"):
 
 # --- embedding and loss ------------------------------------------------------
 def embedding_weights(mesh, vocab_dim, output_dim, variable_dtype=None,
-                      name="embedding", initializer=None):
+                      name="embedding", ensemble_dim=None, initializer=None):
   """The [vocab_dim, output_dim] embedding table "<name>/embedding"
-  (standard normal by default).
+  (standard normal by default); with ensemble_dim (a dim or a list of
+  dims, Mesh TF's argument) one table per ensemble member, [ensemble...,
+  vocab_dim, output_dim].
 
   Example:
     >>> table = embedding_weights(mesh, vocab_dim, d_model)
@@ -213,8 +226,10 @@ def embedding_weights(mesh, vocab_dim, output_dim, variable_dtype=None,
   scope = _scope(mesh, name, "embedding")
   if initializer is None:
     initializer = mtf.random_normal_initializer()
+  ensemble = _dim_list(ensemble_dim)
   return dtypes.get_variable(
-      mesh, scope + "/embedding", mtf.Shape([vocab_dim, output_dim]),
+      mesh, scope + "/embedding",
+      mtf.Shape(ensemble + [vocab_dim, output_dim]),
       dtype=variable_dtype or tf.float32, initializer=initializer)
 
 
@@ -232,7 +247,7 @@ def embedding(indices, vocab_dim, output_dim, variable_dtype=None,
   vocab_dim = mtf.convert_to_dimension(vocab_dim)
   output_dim = mtf.convert_to_dimension(output_dim)
   table = embedding_weights(indices.mesh, vocab_dim, output_dim,
-                            variable_dtype, name, initializer)
+                            variable_dtype, name, initializer=initializer)
   return mtf.gather(table, indices, vocab_dim)
 
 
@@ -265,20 +280,26 @@ def softmax_cross_entropy_with_logits(logits, targets, vocab_dim, z_loss=0.0):
 
 
 # --- feed-forward ------------------------------------------------------------
-def dense_relu_dense(x, hidden_channels, dropout=0.0,
-                     dropout_broadcast_dims=None, activation=mtf.relu,
-                     variable_dtype=None, name=None, **unused_kwargs):
+def dense_relu_dense(x, hidden_channels, is_training=None, dropout=0.0,
+                     dropout_broadcast_dims=None, master_dtype=None,
+                     slice_dtype=None, name=None, activation=mtf.relu,
+                     variable_dtype=None, **unused_kwargs):
   """The Transformer feed-forward block: dense, activation, dropout, dense.
 
   io_channels is x's last dim; both kernels have no bias ("<name>/wi/kernel"
   [io, hidden], "<name>/wo/kernel" [hidden, io]). Dims in
-  dropout_broadcast_dims share one dropout mask.
+  dropout_broadcast_dims share one dropout mask; is_training=False turns
+  dropout off (Mesh TF's arguments, in its order).
 
   Example:
     >>> y = dense_relu_dense(x, mtf.Dimension("d_ff", 2048), dropout=0.1)
   """
   io_channels = x.shape.dims[-1]
   hidden_channels = mtf.convert_to_dimension(hidden_channels)
+  if is_training is False:
+    dropout = 0.0
+  if variable_dtype is None and (master_dtype or slice_dtype):
+    variable_dtype = _variable_dtype(None, x, master_dtype, slice_dtype)
   scope = _scope(x.mesh, name, "dense_relu_dense")
   h = dense(x, hidden_channels, use_bias=False, activation=activation,
             variable_dtype=variable_dtype, name=scope + "/wi")
@@ -299,25 +320,28 @@ def _dropout(x, rate, broadcast_dims, name):
 
 
 # --- attention ---------------------------------------------------------------
-def rename_length_to_memory_length(x, length_name="length"):
-  """x with dim length_name renamed to "memory_" + length_name (keys,
-  values and masks index the memory that way).
+def rename_length_to_memory_length(x, length_name="length",
+                                   memory_length_name=None):
+  """x with dim length_name renamed to memory_length_name, by default
+  "memory_" + length_name (keys, values and masks index the memory that
+  way).
 
   Example:
     >>> m = rename_length_to_memory_length(x)   # [batch, memory_length, d]
   """
-  return mtf.rename_dimension(x, length_name, "memory_" + length_name)
+  return mtf.rename_dimension(x, length_name,
+                              memory_length_name or "memory_" + length_name)
 
 
-def dot_product_attention(q, k, v, mask, dropout=0.0,
-                          dropout_broadcast_dims=None, extra_logit=None,
-                          is_training=None):
+def dot_product_attention(q, k, v, mask, is_training=None, dropout=0.0,
+                          dropout_broadcast_dims=None, extra_logit=None):
   """softmax(q . k + mask) . v, no scaling (fold it into q).
 
   q: [..., length, d_k]; k: [..., memory_length, d_k]; v: [...,
   memory_length, d_v] (the memory dim is k's second-to-last). mask is an
   additive bias broadcastable to [..., length, memory_length], or None.
-  Returns [..., length, d_v].
+  Returns [..., length, d_v]. is_training=False turns dropout off (Mesh
+  TF's arguments, in its order).
 
   Example:
     >>> o = dot_product_attention(q, k, v, attention_mask_autoregressive(pos))
@@ -340,16 +364,24 @@ def dot_product_attention(q, k, v, mask, dropout=0.0,
 
 
 def multihead_attention_vars(mesh, heads, io_channels, kv_channels,
-                             variable_dtype=None, name="multihead_attention"):
+                             master_dtype=None, slice_dtype=None,
+                             activation_dtype=None,
+                             name="multihead_attention", variable_dtype=None):
   """The four projection weights (q, k, v: [io, heads, kv]; o: [heads, kv,
   io]) under "<name>/q", ... The 1/sqrt(kv) attention scale is folded into
-  q's initializer.
+  q's initializer. The dtypes are Mesh TF's (master_dtype, slice_dtype,
+  activation_dtype), or variable_dtype (a VariableDType, also accepted in
+  master_dtype's place).
 
   Example:
     >>> wq, wk, wv, wo = multihead_attention_vars(mesh, heads, d_model, d_kv)
   """
   scope = _scope(mesh, name, "multihead_attention")
-  vdt = variable_dtype or tf.float32
+  if isinstance(master_dtype, dtypes.VariableDType):
+    variable_dtype, master_dtype = master_dtype, None
+  vdt = variable_dtype or (
+      dtypes.VariableDType(master_dtype, slice_dtype, activation_dtype)
+      if master_dtype or slice_dtype or activation_dtype else tf.float32)
   io_kv = mtf.Shape([io_channels, heads, kv_channels])
 
   def var(n, shape, stddev):
@@ -365,9 +397,10 @@ def multihead_attention_vars(mesh, heads, io_channels, kv_channels,
 
 
 def multihead_attention(query_antecedent, memory_antecedent, mask,
-                        kv_channels, heads, dropout=0.0,
-                        dropout_broadcast_dims=None, variable_dtype=None,
-                        name="multihead_attention", **unused_kwargs):
+                        kv_channels, heads, is_training=None, dropout=0.0,
+                        dropout_broadcast_dims=None, master_dtype=None,
+                        slice_dtype=None, name="multihead_attention",
+                        variable_dtype=None, **unused_kwargs):
   """Multi-head attention with learned projections.
 
   query_antecedent: [batch..., length, io]; memory_antecedent: [batch...,
@@ -383,9 +416,12 @@ def multihead_attention(query_antecedent, memory_antecedent, mask,
   heads = mtf.convert_to_dimension(heads)
   batch_dims = list(query_antecedent.shape.dims[:-2])
   query_length, io_channels = query_antecedent.shape.dims[-2:]
+  if variable_dtype is None and (master_dtype or slice_dtype):
+    variable_dtype = _variable_dtype(None, query_antecedent, master_dtype,
+                                     slice_dtype)
   wq, wk, wv, wo = multihead_attention_vars(
       query_antecedent.mesh, heads, io_channels, kv_channels,
-      variable_dtype, name)
+      variable_dtype=variable_dtype, name=name)
   if memory_antecedent is None:
     memory_antecedent = rename_length_to_memory_length(query_antecedent,
                                                        query_length.name)
@@ -400,7 +436,9 @@ def multihead_attention(query_antecedent, memory_antecedent, mask,
       memory_batch_dims + [heads, memory_length, kv_channels]))
   v = mtf.einsum([memory_antecedent, wv], output_shape=mtf.Shape(
       memory_batch_dims + [heads, memory_length, kv_channels]))
-  o = dot_product_attention(q, k, v, mask, dropout, dropout_broadcast_dims)
+  o = dot_product_attention(q, k, v, mask, is_training=is_training,
+                            dropout=dropout,
+                            dropout_broadcast_dims=dropout_broadcast_dims)
   return mtf.einsum([o, wo], output_shape=mtf.Shape(
       batch_dims + [query_length, io_channels]))
 
@@ -562,11 +600,10 @@ def batch_norm(x, is_training, momentum, epsilon=1e-9, dims_idx_start=0,
   return mtf.add(norm_x * scale, bias, output_shape=x.shape), updates
 
 
-def masked_local_attention_1d(x, kv_channels, heads, window_size=128,
-                              master_dtype=tf.float32,
+def masked_local_attention_1d(x, kv_channels, heads, is_training=None,
+                              window_size=128, master_dtype=tf.float32,
                               slice_dtype=tf.float32, length_per_split=None,
-                              return_kv=None, params=None, name=None,
-                              is_training=None):
+                              return_kv=None, params=None, name=None):
   """Causal local self-attention: position p attends to positions
   (p - window_size, p] (Mesh TensorFlow's mtf.layers signature).
 
@@ -617,7 +654,8 @@ def masked_local_attention_1d(x, kv_channels, heads, window_size=128,
   if params is None:
     params = multihead_attention_vars(
         x.mesh, heads, io_channels, kv_channels,
-        dtypes.VariableDType(master_dtype, slice_dtype, x.dtype),
+        variable_dtype=dtypes.VariableDType(master_dtype, slice_dtype,
+                                            x.dtype),
         name=name or "masked_local_attention_1d")
   wq, wk, wv, wo = [mtf.cast(w, x.dtype) if w.dtype != x.dtype else w
                     for w in params]
@@ -681,6 +719,9 @@ __all__ += _conv_layers.__all__
 from meshtf.models.mesh_tf_layers import *  # noqa: E402,F401,F403
 from meshtf.models import mesh_tf_layers as _mesh_tf_layers  # noqa: E402
 __all__ += _mesh_tf_layers.__all__
+from meshtf.models.mesh_tf_local_attention import *  # noqa: E402,F401,F403
+from meshtf.models import mesh_tf_local_attention as _local_attention  # noqa: E402,E501
+__all__ += _local_attention.__all__
 
 
 def weights_nonzero(targets, dtype=tf.float32):

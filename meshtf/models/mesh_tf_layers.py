@@ -12,6 +12,68 @@ Example:
 import tensorflow as tf
 
 import meshtf as mtf
+from meshtf.ops import control
+
+
+class DenseInitializer(object):
+  """An initializer layers.dense calls with (reduced_dims, new_dims) to get
+  the kernel's initializer (Mesh TF's protocol: fans from named dims, not
+  from dim positions).
+
+  Example:
+    >>> class Ones(DenseInitializer):
+    ...   def __call__(self, reduced_dims, new_dims):
+    ...     return mtf.ones_initializer()
+    >>> y = layers.dense(x, d_ff, kernel_initializer=Ones())
+  """
+
+  def __call__(self, reduced_dims, new_dims):
+    raise NotImplementedError("a DenseInitializer defines __call__("
+                              "reduced_dims, new_dims)")
+
+
+class VarianceScalingInitializer(DenseInitializer):
+  """Mesh TF's dense initializer (its default): stddev sqrt(scale / n), n
+  the product of the reduced dims' sizes (fan_in), of the new dims'
+  (fan_out) or their mean (fan_avg), or 1 under the unit-scaling
+  convention (fan_in only). distribution "normal" draws a normal of that
+  stddev truncated at two stddevs (tf.truncated_normal_initializer's
+  sense: the drawn values' spread is ~0.88 of it), "uniform" draws from
+  [-limit, limit], limit = stddev * sqrt(3).
+
+  Example:
+    >>> init = VarianceScalingInitializer(scale=2.0, mode="fan_avg")
+    >>> y = layers.dense(x, d_ff, kernel_initializer=init)
+  """
+
+  def __init__(self, scale=1.0, mode="fan_in", distribution="normal"):
+    self.scale = scale
+    self.mode = mode.lower()
+    self.distribution = distribution.lower()
+    if self.mode not in ("fan_in", "fan_out", "fan_avg"):
+      raise ValueError("VarianceScalingInitializer mode %r: use fan_in, "
+                       "fan_out or fan_avg" % (mode,))
+    if self.distribution not in ("normal", "uniform"):
+      raise ValueError("VarianceScalingInitializer distribution %r: use "
+                       "normal or uniform" % (distribution,))
+
+  def __call__(self, reduced_dims, new_dims):
+    fan_in = mtf.list_product(d.size for d in reduced_dims)
+    fan_out = mtf.list_product(d.size for d in new_dims)
+    scale = self.scale
+    if unit_scaling_convention():
+      if self.mode != "fan_in":
+        raise ValueError("VarianceScalingInitializer mode %r: the unit-"
+                         "scaling convention works with fan_in only"
+                         % (self.mode,))
+    else:
+      scale /= max(1.0, {"fan_in": fan_in, "fan_out": fan_out,
+                         "fan_avg": (fan_in + fan_out) / 2.0}[self.mode])
+    stddev = scale ** 0.5
+    if self.distribution == "normal":
+      return mtf.truncated_normal_initializer(stddev=stddev)
+    limit = stddev * 3.0 ** 0.5
+    return mtf.random_uniform_initializer(minval=-limit, maxval=limit)
 
 
 def multiplicative_jitter(x, epsilon=1e-2, name=None):
@@ -234,8 +296,8 @@ def multihead_self_attention_incremental(query_antecedent, prev_k, prev_v,
   heads, memory_length, kv_channels = prev_k.shape.dims[-3:]
   wq, wk, wv, wo = layers.multihead_attention_vars(
       query_antecedent.mesh, heads, io_channels, kv_channels,
-      dtypes.VariableDType(master_dtype, slice_dtype,
-                           query_antecedent.dtype), name=name)
+      variable_dtype=dtypes.VariableDType(master_dtype, slice_dtype,
+                                          query_antecedent.dtype), name=name)
   head_shape = mtf.Shape(batch_dims + [heads, kv_channels])
   q, k, v = (mtf.einsum([query_antecedent, w], head_shape)
              for w in (wq, wk, wv))
@@ -267,10 +329,67 @@ def multihead_encdec_attention_incremental(query_antecedent, wq, wo, k, v,
   return mtf.einsum([o, wo], query_antecedent.shape)
 
 
-__all__ = ["multiplicative_jitter", "sigmoid_cross_entropy_with_logits",
+def reversible_half_residual_and_swap(x1, x1_backwards, x2, x2_backwards, f,
+                                      recompute_grads=True):
+  """A revnet block (https://arxiv.org/abs/1707.04585): returns (x2,
+  x2_backwards, x1 + f(x2), x1_backwards), so chaining blocks alternates the
+  halves. With recompute_grads the backward pass rebuilds each block's
+  inputs from its outputs (x1 = y1 - f(x2), f re-run on x2) instead of
+  keeping them, carrying them in the *_backwards tensors: pass None for
+  the first block, then each block's outputs to the next.
+
+  Example:
+    >>> x1, x1b, x2, x2b = x, None, x, None
+    >>> for f in blocks:
+    ...   x1, x1b, x2, x2b = reversible_half_residual_and_swap(
+    ...       x1, x1b, x2, x2b, f)
+    >>> y = (x1 + x2) * 0.5
+  """
+  if not recompute_grads:
+    return x2, x2_backwards, x1 + f(x2), x1_backwards
+  if x1_backwards is None:
+    x1_backwards = mtf.zeros_like(x1)
+  if x2_backwards is None:
+    x2_backwards = mtf.zeros_like(x2)
+  fx2_of_forward = []
+
+  def forward(a1, a1_backwards, a2, a2_backwards):
+    fx2 = f(a2)
+    fx2_of_forward.append(fx2)
+    return a2, a2_backwards, a1 + fx2, a1_backwards
+
+  def backward(explicit_inputs, all_inputs, forward_operations, outputs,
+               output_grads):
+    x2_in = explicit_inputs[2]
+    extra_inputs = list(all_inputs[len(explicit_inputs):])
+    y1 = outputs[2]
+    dy2, dy2_backwards, dy1, dy1_backwards = output_grads
+    # The next block handed back this block's outputs through the
+    # *_backwards gradients; the last block's are its own outputs.
+    x2_again = dy2_backwards if dy2_backwards is not None else outputs[0]
+    y1_again = dy1_backwards if dy1_backwards is not None else y1
+    fx2 = fx2_of_forward[0]
+    last = forward_operations.index(fx2.operation)
+    f_ops, mapping = control.clone_operations(forward_operations[:last + 1],
+                                              {x2_in: x2_again})
+    fx2_again = mapping[fx2]
+    if dy1 is None:
+      dy1 = mtf.zeros_like(y1)
+    grads = mtf.gradients([fx2_again], [x2_again] + extra_inputs,
+                          grad_ys=[dy1], operations=f_ops)
+    dx2 = grads[0] if dy2 is None else (
+        dy2 if grads[0] is None else dy2 + grads[0])
+    return [dy1, y1_again - fx2_again, dx2, x2_again] + list(grads[1:])
+  return mtf.custom_gradient(forward, backward,
+                             [x1, x1_backwards, x2, x2_backwards])
+
+
+__all__ = ["DenseInitializer", "VarianceScalingInitializer",
+           "multiplicative_jitter", "sigmoid_cross_entropy_with_logits",
            "compress_mean", "attention_bias_local_block", "annealed_dropout",
            "unit_scaling_convention",
            "us_einsum", "summary_for_clip_activation_gradient",
            "clip_activation_gradient", "multihead_attention_params",
            "multihead_self_attention_incremental",
-           "multihead_encdec_attention_incremental"]
+           "multihead_encdec_attention_incremental",
+           "reversible_half_residual_and_swap"]

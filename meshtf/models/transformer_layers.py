@@ -421,7 +421,8 @@ class AttentionParams(object):
                name):
     self.model_dim, self.heads_dim, self.kv_dim = model_dim, heads_dim, kv_dim
     self.wq, self.wk, self.wv, self.wo = layers.multihead_attention_vars(
-        mesh, heads_dim, model_dim, kv_dim, variable_dtype, name)
+        mesh, heads_dim, model_dim, kv_dim, variable_dtype=variable_dtype,
+        name=name)
 
   def _project(self, x, w, one_position):
     if w.dtype != x.dtype:

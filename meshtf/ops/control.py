@@ -554,8 +554,12 @@ class CustomGradientOperation(graph_lib.Operation):
 
   grad_fn is called with keyword arguments explicit_inputs, all_inputs,
   forward_operations, outputs and output_grads, and returns one gradient
-  (or None) per tensor of all_inputs.
+  (or None) per tensor of all_inputs. An output no gradient reaches gets
+  None in output_grads, as in Mesh TF (revnets pass activations back that
+  way).
   """
+
+  takes_missing_output_grads = True
 
   def __init__(self, explicit_inputs, all_inputs, fn_outputs, grad_fn,
                forward_operations, name=None):
@@ -675,7 +679,8 @@ def custom_gradient(fn, grad_fn, explicit_inputs):
   all_inputs are explicit_inputs followed by the float tensors fn reads from
   outside (e.g. variables). grad_fn(explicit_inputs=..., all_inputs=...,
   forward_operations=..., outputs=..., output_grads=...) returns one
-  gradient (or None) per tensor of all_inputs. fn's intermediate tensors
+  gradient (or None) per tensor of all_inputs. output_grads holds None for
+  an output no gradient reaches (Mesh TF's convention). fn's intermediate tensors
   must not be used outside fn.
 
   Example:
@@ -718,11 +723,13 @@ def _recompute_grad_grad(explicit_inputs, all_inputs, forward_operations,
     # The copies wait for the output gradients: they run in the backward
     # pass, and TensorFlow cannot merge them with the originals.
     for t in explicit_inputs:
-      mapping[t] = depend(t, list(output_grads))
+      mapping[t] = depend(t, [g for g in output_grads if g is not None])
   ops, mapping = clone_operations(forward_operations, mapping)
-  grads = autodiff.gradients([mapping[t] for t in outputs],
+  reached = [(mapping[t], g) for t, g in zip(outputs, output_grads)
+             if g is not None]
+  grads = autodiff.gradients([t for t, _ in reached],
                              [mapping[t] for t in all_inputs],
-                             grad_ys=output_grads, operations=ops)
+                             grad_ys=[g for _, g in reached], operations=ops)
   return grads
 
 

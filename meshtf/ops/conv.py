@@ -643,6 +643,17 @@ def conv_transpose(conv_input, conv_filter, strides, padding, nd, name=None,
   label = "conv%dd_transpose%s" % (nd, "_with_blocks" if blocked else "")
   strides = normalize_window(strides, nd, label, "strides")
   padding = normalize_padding(padding, label)
+  shape, blocks = transpose_output_shape(label, conv_input, conv_filter,
+                                         strides, padding, nd, blocks)
+  return ConvInputGradOperation(conv_input, conv_filter, shape, strides,
+                                padding, nd, blocks=blocks,
+                                name=name or label, label=label).outputs[0]
+
+
+def transpose_output_shape(label, conv_input, conv_filter, strides, padding,
+                           nd, blocks=None):
+  """(output shape, resolved blocks) of a transposed convolution (see
+  conv_transpose), checking the filter's dims against the input's."""
   x, f = conv_input, conv_filter
   if f.shape.ndims != nd + 2:
     raise ValueError("%s: conv_filter %s must have %d dims: [%d filter "
@@ -673,9 +684,7 @@ def conv_transpose(conv_input, conv_filter, strides, padding, nd, name=None,
                      "dim of conv_input %s; give it another name" % (
                          label, out_dim.name, _shape_str(x.shape)))
   dims[-1] = out_dim
-  return ConvInputGradOperation(x, f, shapes.Shape(dims), strides, padding,
-                                nd, blocks=blocks, name=name or label,
-                                label=label).outputs[0]
+  return shapes.Shape(dims), blocks
 
 
 def conv2d_transpose(conv_input, conv_filter, strides, padding, name=None):

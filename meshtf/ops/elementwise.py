@@ -121,12 +121,13 @@ def squared_relu(x):
   return square(relu(x))
 
 
-def leaky_relu(x, alpha=0.2):
+def leaky_relu(x, alpha=0.2, name=None):
   """x where x > 0 else alpha * x (0 <= alpha <= 1).
 
   Example:
     >>> y = mtf.leaky_relu(x, alpha=0.1)
   """
+  del name  # Mesh TF's argument; meshtf names ops itself
   return maximum(x, x * alpha)
 
 
@@ -423,12 +424,14 @@ class WhereOperation(graph_lib.Operation):
         local, lowering.tensors[c], lowering.tensors[x], lowering.tensors[y]))
 
 
-def where(condition, x, y, output_shape=None, name=None):
-  """Elementwise x where condition else y (numbers allowed for x or y).
+def where(condition, if_true, if_false, output_shape=None, name=None):
+  """Elementwise if_true where condition else if_false (numbers allowed
+  for either).
 
   Example:
     >>> z = mtf.where(mtf.greater(x, 0.0), x, 0.0)
   """
+  x, y = if_true, if_false
   if not isinstance(x, graph_lib.Tensor):
     x = _to_tensor(x, y)
   if not isinstance(y, graph_lib.Tensor):
@@ -468,19 +471,19 @@ def cast(x, dtype, name=None):
   return CastOperation(x, dtype, name=name).outputs[0]
 
 
-def to_float(x):
+def to_float(x, name=None):
   """cast(x, tf.float32)."""
-  return cast(x, tf.float32)
+  return cast(x, tf.float32, name=name)
 
 
-def to_bfloat16(x):
+def to_bfloat16(x, name=None):
   """cast(x, tf.bfloat16)."""
-  return cast(x, tf.bfloat16)
+  return cast(x, tf.bfloat16, name=name)
 
 
-def to_int32(x):
+def to_int32(x, name=None):
   """cast(x, tf.int32)."""
-  return cast(x, tf.int32)
+  return cast(x, tf.int32, name=name)
 
 
 class BroadcastOperation(graph_lib.Operation):

@@ -19,6 +19,7 @@ import operator
 from absl import logging
 import tensorflow as tf
 
+from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.layouts import mesh_layout as mesh_layout_lib
 from meshtf.ops import conv
@@ -82,21 +83,30 @@ def binary_op_with_broadcasting(tf_fn, x1, x2, output_shape=None,
                                   output_dtype or x1.dtype).outputs[0]
 
 
+def _pool_kind(pool_fn_string, ksize, strides, label):
+  """("MAX" or "AVG", nd) of a Mesh TF pool_fn_string."""
+  kind, _, nd = str(pool_fn_string).partition("_")
+  if kind not in ("MAX", "AVG") or nd not in ("2D", "3D"):
+    raise ValueError("%s pool_fn_string %r: use MAX_2D, AVG_2D, MAX_3D or "
+                     "AVG_3D" % (label, pool_fn_string))
+  if list(strides) != list(ksize):
+    raise ValueError("%s: strides %s differ from ksize %s; meshtf pools "
+                     "non-overlapping windows" % (label, list(strides),
+                                                  list(ksize)))
+  if len(ksize) != int(nd[0]):
+    raise ValueError("%s: ksize %s needs %s entries for %s" % (
+        label, list(ksize), nd[0], pool_fn_string))
+  return kind, int(nd[0])
+
+
 class PoolOperation(pool.PoolOperation):
   """Mesh TF's PoolOperation(x, ksize, strides, pool_fn_string) with
   pool_fn_string one of MAX_2D, AVG_2D, MAX_3D, AVG_3D (strides must equal
   ksize: meshtf pools non-overlapping windows)."""
 
   def __init__(self, x, ksize, strides, pool_fn_string, name=None):
-    kind, _, nd = pool_fn_string.partition("_")
-    if kind not in ("MAX", "AVG") or nd not in ("2D", "3D"):
-      raise ValueError("PoolOperation pool_fn_string %r: use MAX_2D, AVG_2D, "
-                       "MAX_3D or AVG_3D" % (pool_fn_string,))
-    if list(strides) != list(ksize):
-      raise ValueError("PoolOperation: strides %s differ from ksize %s; "
-                       "meshtf pools non-overlapping windows" % (
-                           list(strides), list(ksize)))
-    super().__init__(x, ksize, kind, int(nd[0]), name=name)
+    kind, nd = _pool_kind(pool_fn_string, ksize, strides, "PoolOperation")
+    super().__init__(x, ksize, kind, nd, name=name)
 
 
 class Conv2dOperation(conv.ConvOperation):
@@ -123,13 +133,20 @@ def _window(strides, nd):
 
 class Conv2or3dBackpropInputOperation(conv.ConvInputGradOperation):
   """Mesh TF's (conv_dimension, is_transpose, input_shape, conv_filter, dy,
-  strides, padding); all dims splittable, as there."""
+  strides, padding); all dims splittable, as there. is_transpose=True is
+  the input gradient of a transposed convolution: the convolution of dy
+  with the filter (a meshtf ConvOperation, checked to give input_shape)."""
+
+  def __new__(cls, conv_dimension, is_transpose, input_shape, conv_filter,
+              dy, strides, padding, name=None):
+    if is_transpose:
+      return _TransposeInputGrad(conv_dimension, input_shape, conv_filter,
+                                 dy, strides, padding, name)
+    return super().__new__(cls)
 
   def __init__(self, conv_dimension, is_transpose, input_shape, conv_filter,
                dy, strides, padding, name=None):
-    if is_transpose:
-      raise ValueError("Conv2or3dBackpropInputOperation(is_transpose=True): "
-                       "use mtf.conv2d_transpose / conv3d_transpose")
+    del is_transpose  # False here (__new__ built the other kind)
     super().__init__(dy, conv_filter, input_shape,
                      _window(strides, conv_dimension), padding,
                      conv_dimension, name=name)
@@ -138,21 +155,182 @@ class Conv2or3dBackpropInputOperation(conv.ConvInputGradOperation):
     return frozenset()
 
 
+class _TransposeInputGrad(conv.ConvOperation):
+  """d(conv_transpose)/d(input) = conv(dy, filter)."""
+
+  def __init__(self, nd, input_shape, conv_filter, dy, strides, padding,
+               name=None):
+    label = "conv%dd_transpose" % nd
+    super().__init__(dy, conv_filter, _window(strides, nd), padding, nd,
+                     name=name or label + "_backprop", label=label)
+    input_shape = shapes.convert_to_shape(input_shape)
+    if self.outputs[0].shape != input_shape:
+      raise ValueError(
+          "%s backprop input: conv of dy %s with filter %s gives %s, not "
+          "input_shape %s; check strides %s and padding %s" % (
+              label, dy.shape, conv_filter.shape, self.outputs[0].shape,
+              input_shape, list(strides), padding))
+
+  def unsplittable_dim_names(self):
+    return frozenset()
+
+
 class Conv2or3dBackpropFilterOperation(conv.ConvFilterGradOperation):
   """Mesh TF's (conv_dimension, is_transpose, conv_input, filter_shape, dy,
-  strides, padding); all dims splittable, as there."""
+  strides, padding); all dims splittable, as there. is_transpose=True is
+  the filter gradient of a transposed convolution (conv_input its input,
+  dy the gradient of its output): the roles of the two swap."""
 
   def __init__(self, conv_dimension, is_transpose, conv_input, filter_shape,
                dy, strides, padding, name=None):
     if is_transpose:
-      raise ValueError("Conv2or3dBackpropFilterOperation(is_transpose=True):"
-                       " use mtf.conv2d_transpose / conv3d_transpose")
+      conv_input, dy = dy, conv_input
     super().__init__(conv_input, dy, filter_shape,
                      _window(strides, conv_dimension), padding,
                      conv_dimension, name=name)
 
   def unsplittable_dim_names(self):
     return frozenset()
+
+
+class Conv2dTransposeOperation(conv.ConvInputGradOperation):
+  """Mesh TF's Conv2dTransposeOperation(conv_input, conv_filter, strides,
+  padding): conv_input [batch..., h, w, in], conv_filter [fh, fw, out,
+  in]; h and w grow by the strides (VALID: plus max(f - s, 0), as
+  tf.nn.conv2d_transpose; Mesh TF assumed SAME's sizes)."""
+
+  _nd = 2
+
+  def __init__(self, conv_input, conv_filter, strides, padding, name=None):
+    nd, label = self._nd, "conv%dd_transpose" % self._nd
+    window = conv.normalize_window(_window(strides, nd), nd, label,
+                                   "strides")
+    padding = conv.normalize_padding(padding, label)
+    shape, _ = conv.transpose_output_shape(label, conv_input, conv_filter,
+                                           window, padding, nd)
+    super().__init__(conv_input, conv_filter, shape, window, padding, nd,
+                     name=name or label, label=label)
+
+
+class Conv3dTransposeOperation(Conv2dTransposeOperation):
+  """Mesh TF's Conv3dTransposeOperation(conv_input, conv_filter, strides,
+  padding) (see Conv2dTransposeOperation)."""
+
+  _nd = 3
+
+
+def _transpose_grad(nd, kind, *args, name=None):
+  cls = (Conv2or3dBackpropInputOperation if kind == "input" else
+         Conv2or3dBackpropFilterOperation)
+  return cls(nd, True, *args, name=name).outputs[0]
+
+
+def conv2d_transpose_backprop_input(input_shape, conv_filter, dy, strides,
+                                    padding, name=None):
+  """d(conv2d_transpose)/d(input): conv2d of dy with the filter.
+
+  Example:
+    >>> dx = mtf.conv2d_transpose_backprop_input(x.shape, f, dy,
+    ...                                          [1, 2, 2, 1], "SAME")
+  """
+  return _transpose_grad(2, "input", input_shape, conv_filter, dy, strides,
+                         padding, name=name)
+
+
+def conv2d_transpose_backprop_filter(conv_input, filter_shape, dy, strides,
+                                     padding, name=None):
+  """d(conv2d_transpose)/d(filter) (conv_input: the transpose's input).
+
+  Example:
+    >>> df = mtf.conv2d_transpose_backprop_filter(x, f.shape, dy,
+    ...                                           [1, 2, 2, 1], "SAME")
+  """
+  return _transpose_grad(2, "filter", conv_input, filter_shape, dy, strides,
+                         padding, name=name)
+
+
+def conv3d_transpose_backprop_input(input_shape, conv_filter, dy, strides,
+                                    padding, name=None):
+  """d(conv3d_transpose)/d(input).
+
+  Example:
+    >>> dx = mtf.conv3d_transpose_backprop_input(x.shape, f, dy, [1] * 5,
+    ...                                          "SAME")
+  """
+  return _transpose_grad(3, "input", input_shape, conv_filter, dy, strides,
+                         padding, name=name)
+
+
+def conv3d_transpose_backprop_filter(conv_input, filter_shape, dy, strides,
+                                     padding, name=None):
+  """d(conv3d_transpose)/d(filter).
+
+  Example:
+    >>> df = mtf.conv3d_transpose_backprop_filter(x, f.shape, dy, [1] * 5,
+    ...                                           "SAME")
+  """
+  return _transpose_grad(3, "filter", conv_input, filter_shape, dy, strides,
+                         padding, name=name)
+
+
+class PoolBackPropOperation(pool._PoolBase):  # pylint: disable=protected-access
+  """Mesh TF's pooling gradient (x, y, dy, ksize, strides, pool_fn_string),
+  with its semantics: MAX sends dy to every position equal to its window's
+  maximum (ties all get it; meshtf's own max-pool gradient follows
+  TensorFlow and picks one), AVG spreads dy / window size. Windows do not
+  overlap (strides == ksize) and must tile x's spatial dims."""
+
+  def __init__(self, x, y, dy, ksize, strides, pool_fn_string, name=None):
+    kind, nd = _pool_kind(pool_fn_string, ksize, strides,
+                          "PoolBackPropOperation")
+    self._label = "pool_backprop"
+    self._ksize, self._kind, self._nd = tuple(ksize), kind, nd
+    self._x_shape = x.shape
+    for d, k in zip(self._spatial, self._ksize):
+      if d.size % k:
+        raise ValueError(
+            "pool_backprop: spatial dim %s:%d of x %s does not divide by "
+            "ksize %d (Mesh TF's pool_backprop needs whole windows)" % (
+                d.name, d.size, x.name, k))
+    super().__init__([x, y, dy], name=name or "pool_backprop")
+    self._outputs = [graph_lib.Tensor(self, x.shape, dy.dtype)]
+
+  @property
+  def has_gradient(self):
+    return False
+
+  def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
+    first = -(self._nd + 1)
+
+    def upscale(t):
+      for i, k in enumerate(self._ksize):
+        t = tf.repeat(t, k, axis=first + i)
+      return t
+
+    if self._kind == "MAX":
+      def local(xs, ys, dys):
+        return tf.cast(tf.equal(xs, upscale(ys)), dys.dtype) * upscale(dys)
+    else:
+      window = float(functools.reduce(operator.mul, self._ksize, 1))
+
+      def local(xs, ys, dys):
+        del xs, ys
+        return upscale(dys) / tf.constant(window, dys.dtype)
+    args = [lowering.tensors[t] for t in self._inputs]
+    lowering.set_tensor_lowering(self._outputs[0],
+                                 impl.slicewise(local, *args))
+
+
+def pool_backprop(x, y, dy, ksize, strides, pool_fn_string, name=None):
+  """Mesh TF's pool_backprop: dx of y = pool(x) given dy (see
+  PoolBackPropOperation).
+
+  Example:
+    >>> dx = mtf.pool_backprop(x, y, dy, [2, 2], [2, 2], "MAX_2D")
+  """
+  return PoolBackPropOperation(x, y, dy, ksize, strides, pool_fn_string,
+                               name=name).outputs[0]
 
 
 class RandomOperation(random_ops.RandomOperation):
@@ -295,7 +473,11 @@ __all__ = [
     "ScalarAddOperation", "BinaryOpWithBroadcasting",
     "binary_op_with_broadcasting", "PoolOperation", "Conv2dOperation",
     "Conv3dOperation", "Conv2or3dBackpropInputOperation",
-    "Conv2or3dBackpropFilterOperation", "RandomOperation",
+    "Conv2or3dBackpropFilterOperation", "Conv2dTransposeOperation",
+    "Conv3dTransposeOperation", "conv2d_transpose_backprop_input",
+    "conv2d_transpose_backprop_filter", "conv3d_transpose_backprop_input",
+    "conv3d_transpose_backprop_filter", "PoolBackPropOperation",
+    "pool_backprop", "RandomOperation",
     "ImportLaidOutTensorOperation", "list_product",
     "pnum_to_processor_coordinates", "processor_coordinates_to_pnum",
     "processor_groups", "tensor_dim_to_mesh_dim_size",

@@ -169,8 +169,10 @@ def reduce_all(x, disable_positional_args=None, output_shape=None,
                           tf.bool)
 
 
-def reduce_logsumexp(x, reduced_dim=None, output_shape=None, name=None):
-  """log(sum(exp(x))) over the reduced dims, computed stably.
+def reduce_logsumexp(x, reduced_dim=None, extra_logit=None, name=None,
+                     output_shape=None):
+  """log(sum(exp(x))) over the reduced dims, computed stably; extra_logit:
+  a logit of that value added to every sum (Mesh TF's argument).
 
   Example:
     >>> lse = mtf.reduce_logsumexp(logits, vocab)
@@ -178,8 +180,11 @@ def reduce_logsumexp(x, reduced_dim=None, output_shape=None, name=None):
   del name
   out = _output_shape(x, output_shape, reduced_dim)
   m = elementwise.stop_gradient(reduce_max(x, output_shape=out))
-  return m + elementwise.log(reduce_sum(elementwise.exp(x - m),
-                                        output_shape=out))
+  lse = m + elementwise.log(reduce_sum(elementwise.exp(x - m),
+                                       output_shape=out))
+  if extra_logit is not None:
+    lse = reduce_logsumexp_with_extra(lse, extra_logit)
+  return lse
 
 
 def log_softmax(x, reduced_dim, extra_logit=None, name=None):

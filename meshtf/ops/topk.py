@@ -133,7 +133,7 @@ def top_k(x, reduced_dim, k_dim, name=None):
   return op.outputs[0], op.outputs[1]
 
 
-def top_1(x, reduced_dim, dtype=tf.int32, name=None):
+def top_1(x, reduced_dim, name=None, dtype=tf.int32):
   """(max, argmax) of x along reduced_dim, in Mesh TensorFlow 0.1.21's
   order (values first); both have x's shape without reduced_dim. Ties go
   to the first index.
@@ -148,14 +148,14 @@ def top_1(x, reduced_dim, dtype=tf.int32, name=None):
   return values, indices
 
 
-def argmax(x, reduced_dim, dtype=tf.int32, name=None):
+def argmax(x, reduced_dim, name=None, dtype=tf.int32):
   """Index of the largest entry of x along reduced_dim (the first one if
   several are equal).
 
   Example:
     >>> predictions = mtf.argmax(logits, vocab_dim)
   """
-  return top_1(x, reduced_dim, dtype, name=name)[1]
+  return top_1(x, reduced_dim, name=name, dtype=dtype)[1]
 
 
 def sample_with_temperature(logits, dim, temperature=1.0, name=None):

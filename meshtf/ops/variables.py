@@ -166,9 +166,9 @@ def _getter_chain(depth):
                                                     **kwargs)
 
 
-def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
-                 trainable=True, activation_dtype=None, layout=None,
-                 **unused_kwargs):
+def get_variable(mesh, name, shape, dtype=tf.float32, master_dtype=None,
+                 slice_dtype=None, activation_dtype=None, initializer=None,
+                 trainable=True, layout=None, **unused_kwargs):
   """Creates a variable and returns its value as a Tensor.
 
   The initial value depends only on (graph.seed, name, element index), so
@@ -183,16 +183,16 @@ def get_variable(mesh, name, shape, dtype=tf.float32, initializer=None,
   read it (see meshtf/layouts/assignment.py).
 
   dtype: a tf.DType, or a VariableDType (stored in its slice dtype, returned
-  in its activation dtype). Inside a tf.compat.v1.variable_scope the name is
+  in its activation dtype); master_dtype / slice_dtype / activation_dtype
+  are Mesh TF's deprecated per-part overrides, in its argument order. Inside a tf.compat.v1.variable_scope the name is
   prefixed with the scope's, as in Mesh TensorFlow.
 
   Example:
     >>> w = mtf.get_variable(mesh, "w", [io, hidden],
     ...                      initializer=mtf.random_normal_initializer(stddev=0.1))
   """
-  dtype, vdt_activation = _split_dtype(
-      dtype, unused_kwargs.get("master_dtype"),
-      unused_kwargs.get("slice_dtype"), activation_dtype)
+  dtype, vdt_activation = _split_dtype(dtype, master_dtype, slice_dtype,
+                                       activation_dtype)
   activation_dtype = activation_dtype or vdt_activation
   if _CUSTOM_GETTERS:
     return _getter_chain(len(_CUSTOM_GETTERS))(

@@ -114,3 +114,93 @@ def test_attention_params_and_incremental_self_attention():
   assert np.abs(k_np[:, :, 2]).max() > 0
   assert lowering.export_to_tf_tensor(y).numpy().shape == (2, 4)
   assert lowering.export_to_tf_tensor(y2).numpy().shape == (2, 4)
+
+
+def _revnet(mesh, x, recompute):
+  """Two revnet blocks, f_i(t) = tanh(t . w_i) with w_i [d, d']."""
+  d = x.shape.dims[-1]
+  x1, x1b, x2, x2b = x, None, x * 0.5, None
+  for i in range(2):
+    w = mtf.get_variable(mesh, "w%d" % i, mtf.Shape(
+        [d, mtf.Dimension("d_out", d.size)]),
+        initializer=mtf.random_normal_initializer(stddev=0.5))
+
+    def f(t, w=w):
+      y = mtf.einsum([t, w], output_shape=t.shape.dims[:-1] + [
+          w.shape.dims[-1]])
+      return mtf.tanh(mtf.rename_dimension(y, "d_out", d.name))
+    x1, x1b, x2, x2b = layers.reversible_half_residual_and_swap(
+        x1, x1b, x2, x2b, f, recompute_grads=recompute)
+  return {"y": (x1 + x2) * 0.5}
+
+
+def test_reversible_blocks_recompute_the_same_gradients():
+  x = harness.random_array([8, 4], 10)
+  inputs = {"x": (x, "batch:8;d:4")}
+  plain = harness.run_model(lambda m, t: _revnet(m, t["x"], False), inputs,
+                            "all:1", "", wrt=["x"])
+  runs = harness.assert_layout_invariant(
+      lambda m, t: _revnet(m, t["x"], True), inputs, LAYOUTS, wrt=["x"])
+  rebuilt = next(iter(runs.values()))
+  np.testing.assert_allclose(rebuilt.outputs["y"], plain.outputs["y"],
+                             rtol=1e-6)
+  assert set(rebuilt.grads) == {"x", "w0", "w1"}
+  for n, g in plain.grads.items():
+    np.testing.assert_allclose(rebuilt.grads[n], g, rtol=1e-5, atol=1e-6,
+                               err_msg=n)
+
+
+def test_dense_initializers_and_mesh_tf_argument_orders():
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.ones(mesh, "batch:4;d:64", dtype=tf.bfloat16)
+  d_ff = mtf.Dimension("d_ff", 256)
+  layers.dense(x, d_ff, [x.shape.dims[-1]], name="default")
+  layers.dense(x, d_ff, [x.shape.dims[-1]], None, True, None, tf.float32,
+               tf.float32, None,
+               layers.VarianceScalingInitializer(4.0, "fan_out", "uniform"),
+               name="uniform")   # Mesh TF's positional order
+
+  class Constant(layers.DenseInitializer):
+    def __call__(self, reduced_dims, new_dims):
+      return mtf.constant_initializer(len(reduced_dims) + len(new_dims))
+  layers.dense(x, d_ff, kernel_initializer=Constant(), name="const")
+  table = layers.embedding_weights(mesh, mtf.Dimension("vocab", 5), d_ff,
+                                   tf.float32, "emb",
+                                   mtf.Dimension("ensemble", 3))
+  assert table.shape == mtf.convert_to_shape("ensemble:3;vocab:5;d_ff:256")
+  variables = {v.name: v for v in graph.trainable_variables}
+  # bfloat16 activations keep float32 variables, as Mesh TF.
+  assert variables["default/kernel"].dtype == tf.float32
+  lowering = mtf.Lowering(graph, {mesh: mtf.PlacementMeshImpl(
+      "all:1", "", ["/cpu:0"])})
+  value = lambda n: lowering.export_to_tf_tensor(
+      variables[n].outputs[0]).numpy()
+  default = value("default/kernel")
+  # Truncated at 2 stddevs of sqrt(1/64): the spread is 0.88 of that.
+  assert np.abs(default).max() <= 2 / 8 + 1e-6
+  np.testing.assert_allclose(default.std(), 0.8796 / 8, rtol=0.05)
+  uniform = value("uniform/kernel")
+  limit = np.sqrt(3 * 4.0 / 256)
+  assert np.abs(uniform).max() <= limit and np.abs(uniform).max() > 0.9 * limit
+  np.testing.assert_array_equal(value("const/kernel"), 2.0)
+  with pytest.raises(ValueError, match="mode 'fan_sum'"):
+    layers.VarianceScalingInitializer(mode="fan_sum")
+
+
+def test_attention_is_training_is_the_fifth_argument_as_mesh_tf():
+  q = harness.random_array([2, 3, 4], 11)
+  k = harness.random_array([2, 5, 4], 12)
+
+  def model(mesh, t):
+    kk = mtf.rename_dimension(t["k"], "length", "memory_length")
+    # Positionally (q, k, v, mask, is_training, dropout): with is_training
+    # False the dropout of 0.5 is off.
+    return {"o": layers.dot_product_attention(t["q"], kk, kk, None, False,
+                                              0.5)}
+  harness.assert_layout_invariant(
+      model, {"q": (q, "batch:2;length:3;d:4"),
+              "k": (k, "batch:2;length:5;d:4")},
+      [("all:2", "batch:all")], wrt=["q", "k"],
+      reference=lambda t: {"o": tf.nn.softmax(
+          tf.einsum("bld,bmd->blm", t["q"], t["k"])) @ t["k"]})
