@@ -34,5 +34,7 @@ setup(
         # importlib_resources: TFDS 4.9.10's download_and_prepare (tfds
         # build) imports it on Python >= 3.9 without declaring it.
         "tfds": ["tensorflow-datasets", "importlib_resources"],
+        # bench/peers.py's JAX runs (never a test dependency).
+        "peers": ["jax[cpu]"],
     },
 )

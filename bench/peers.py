@@ -1,0 +1,283 @@
+r"""The paper's two-layer train step in plain TensorFlow, meshtf and JAX, on
+the same virtual CPU devices, in fresh processes, interleaved.
+
+The step: y = relu(x w + bias) v, loss = mean((y - target)^2), gradients,
+SGD (w -= lr * dw, ...), with x [batch, io], w [io, hidden], bias
+[hidden], v [hidden, io]; inputs and weights are the same numpy arrays in
+every framework, so the first losses agree (kind=run reports them).
+
+Runs (framework, devices, layout):
+  tf       1 device: tf.Variables, tf.GradientTape, under tf.function.
+  meshtf   the step of meshtf/examples/two_layer.py in an mtf.MeshFunction
+           on the SPMD backend over mtf.virtual_cpu_devices(n).
+  jax      jax.jit with NamedSharding over n host devices
+           (XLA_FLAGS=--xla_force_host_platform_device_count=8), the
+           weights donated; same mesh and layout as meshtf's.
+Layouts (for n > 1): data-parallel (mesh all:n, batch:all) and 2-D (mesh
+rows:2;cols:n/2, batch:rows;hidden:cols).
+
+Each round starts one process per run, in an order rotated by one each
+round, so drifts of the machine's load fall on every run alike. A process
+builds its step, runs --warmup steps, then times --steps steps and prints
+seconds per step. Output, JSON lines with their config:
+  kind=run      one per run: median, min, max and every round's s/step,
+                first loss
+  kind=skip     a framework that cannot run here (e.g. jax not installed:
+                pip install "jax[cpu]", or pip install -e ".[peers]")
+  kind=summary  ratios of medians: each run over plain TF's 1-device step,
+                meshtf over JAX on the same devices and layout, and each
+                multi-device run over its own framework's 1-device run.
+
+Usage:
+  python bench/peers.py                       # 256,512,2048; 1, 4, 8 devices
+  python bench/peers.py --sizes=64,64,256 --devices=1,2 --rounds=1
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEARNING_RATE = 0.1
+
+
+def layouts(n):
+  """[(layout name, mesh shape, layout rules)] of n devices."""
+  if n == 1:
+    return [("1-device", "all:1", "")]
+  out = [("data_parallel", "all:%d" % n, "batch:all")]
+  if n % 2 == 0 and n >= 4:
+    out.append(("2d", "rows:2;cols:%d" % (n // 2), "batch:rows;hidden:cols"))
+  return out
+
+
+def initial_values(batch, d_io, d_hidden, seed=0):
+  """x, target (a random teacher's), w, bias, v as float32 numpy arrays."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rs = np.random.RandomState(seed)
+  f32 = lambda a: np.asarray(a, np.float32)
+  x = f32(rs.normal(size=[batch, d_io]))
+  teacher_w = f32(rs.normal(size=[d_io, d_hidden]) / np.sqrt(d_io))
+  teacher_v = f32(rs.normal(size=[d_hidden, d_io]) / np.sqrt(d_hidden))
+  target = f32(np.maximum(x @ teacher_w, 0.0) @ teacher_v)
+  w = f32(rs.normal(size=[d_io, d_hidden]) / np.sqrt(d_io))
+  v = f32(rs.normal(size=[d_hidden, d_io]) / np.sqrt(d_hidden))
+  return x, target, w, np.zeros([d_hidden], np.float32), v
+
+
+# --- one run per process -----------------------------------------------------
+def tf_step(sizes, run):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  del run
+  x, target, w0, b0, v0 = initial_values(*sizes)
+  x, target = tf.constant(x), tf.constant(target)
+  w, b, v = tf.Variable(w0), tf.Variable(b0), tf.Variable(v0)
+
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      y = tf.matmul(tf.nn.relu(tf.matmul(x, w) + b), v)
+      loss = tf.reduce_mean(tf.square(y - target))
+    for var, g in zip((w, b, v), tape.gradient(loss, [w, b, v])):
+      var.assign_sub(LEARNING_RATE * g)
+    return loss
+  return lambda: step().numpy()
+
+
+def meshtf_step(sizes, run):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import meshtf as mtf  # pylint: disable=g-import-not-at-top
+  from meshtf.examples import two_layer  # pylint: disable=g-import-not-at-top
+  batch, io, hidden = two_layer.dims(*sizes)
+  x, target, w0, b0, v0 = initial_values(*sizes)
+  start = {"w": w0, "bias": b0, "v": v0}
+
+  def build(mesh, x_tf, target_tf):
+    x_m = mtf.import_tf_tensor(mesh, x_tf, [batch, io], name="x")
+    t_m = mtf.import_tf_tensor(mesh, target_tf, [batch, io], name="target")
+    init = lambda name: mtf.constant_initializer(start[name])
+    w = mtf.get_variable(mesh, "w", [io, hidden], initializer=init("w"))
+    b = mtf.get_variable(mesh, "bias", [hidden], initializer=init("bias"))
+    v = mtf.get_variable(mesh, "v", [hidden, io], initializer=init("v"))
+    h = mtf.relu(mtf.einsum([x_m, w], output_shape=[batch, hidden]) + b)
+    y = mtf.einsum([h, v], output_shape=[batch, io])
+    loss = mtf.reduce_mean(mtf.square(y - t_m))
+    for var, g in zip((w, b, v), mtf.gradients([loss], [w, b, v])):
+      mtf.assign_sub(var, g * LEARNING_RATE)
+    return loss
+  devices = mtf.virtual_cpu_devices(run["devices"])
+  impl = mtf.SimdMeshImpl(run["mesh"], run["layout"], devices)
+  step = mtf.MeshFunction(build, impl)
+  x, target = tf.constant(x), tf.constant(target)
+  return lambda: step(x, target).numpy()
+
+
+def jax_step(sizes, run):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                             " --xla_force_host_platform_device_count=8")
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
+  from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  shape = [(part.split(":")[0], int(part.split(":")[1]))
+           for part in run["mesh"].split(";")]
+  devices = np.array(jax.devices()[:run["devices"]]).reshape(
+      [s for _, s in shape])
+  mesh = Mesh(devices, [n for n, _ in shape])
+  rules = dict(r.split(":") for r in run["layout"].split(";") if r)
+  spec = lambda *dims: NamedSharding(mesh, P(*[rules.get(d) for d in dims]))
+  x, target, w0, b0, v0 = initial_values(*sizes)
+  x = jax.device_put(x, spec("batch", "io"))
+  target = jax.device_put(target, spec("batch", "io"))
+  params = (jax.device_put(w0, spec("io", "hidden")),
+            jax.device_put(b0, spec("hidden")),
+            jax.device_put(v0, spec("hidden", "io")))
+
+  def loss_fn(p, x, target):
+    w, b, v = p
+    y = jnp.maximum(x @ w + b, 0.0) @ v
+    return jnp.mean(jnp.square(y - target))
+
+  shardings = tuple(a.sharding for a in params)
+
+  def step(p, x, target):
+    loss, grads = jax.value_and_grad(loss_fn)(p, x, target)
+    new = tuple(a - LEARNING_RATE * g for a, g in zip(p, grads))
+    new = tuple(jax.lax.with_sharding_constraint(a, s)
+                for a, s in zip(new, shardings))
+    return new, loss
+  step = jax.jit(step, donate_argnums=(0,))
+  state = {"params": params}
+
+  def run_once():
+    state["params"], loss = step(state["params"], x, target)
+    return float(loss)
+  return run_once
+
+
+STEPS = {"tf": tf_step, "meshtf": meshtf_step, "jax": jax_step}
+
+
+def child(spec):
+  """Runs one (framework, devices, layout) and prints its seconds per step."""
+  run = json.loads(spec)
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  sys.path.insert(0, ROOT)
+  step = STEPS[run["framework"]](run["sizes"], run)
+  first = step()  # traces / compiles
+  for _ in range(run["warmup"]):
+    step()
+  start = time.perf_counter()
+  for _ in range(run["steps"]):
+    last = step()
+  seconds = (time.perf_counter() - start) / run["steps"]
+  print(json.dumps({"step_s": seconds, "first_loss": float(first),
+                    "last_loss": float(last)}), flush=True)
+
+
+# --- the parent: rounds of fresh processes ------------------------------------
+def _has_jax():
+  try:
+    subprocess.run([sys.executable, "-c", "import jax"], check=True,
+                   capture_output=True, timeout=120)
+    return True
+  except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+    return False
+
+
+def runs_of(frameworks, device_counts):
+  out = []
+  for fw in frameworks:
+    for n in device_counts:
+      if fw == "tf" and n != 1:
+        continue  # hand-written TF is the 1-device reference
+      for name, mesh, layout in layouts(n):
+        out.append(dict(framework=fw, devices=n, layout_name=name, mesh=mesh,
+                        layout=layout))
+  return out
+
+
+def _key(run):
+  return "%s/%d/%s" % (run["framework"], run["devices"], run["layout_name"])
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--sizes", default="256,512,2048", help="batch,io,hidden")
+  p.add_argument("--devices", default="1,4,8",
+                 help="comma-separated device counts (at most 8)")
+  p.add_argument("--frameworks", default="tf,meshtf,jax")
+  p.add_argument("--rounds", type=int, default=3)
+  p.add_argument("--steps", type=int, default=20, help="timed steps per run")
+  p.add_argument("--warmup", type=int, default=5)
+  p.add_argument("--child", help=argparse.SUPPRESS)
+  args = p.parse_args(argv)
+  if args.child:
+    return child(args.child)
+  sizes = [int(s) for s in args.sizes.split(",")]
+  device_counts = [int(n) for n in args.devices.split(",")]
+  if any(n < 1 or n > 8 for n in device_counts):
+    sys.exit("--devices=%s: each count must be 1..8 (8 virtual CPU devices)"
+             % args.devices)
+  frameworks = args.frameworks.split(",")
+  unknown = [f for f in frameworks if f not in STEPS]
+  if unknown:
+    sys.exit("--frameworks=%s: unknown %s; use tf, meshtf, jax" % (
+        args.frameworks, unknown))
+  common = dict(sizes=dict(zip(("batch", "io", "hidden"), sizes)),
+                steps=args.steps, warmup=args.warmup, rounds=args.rounds,
+                python=platform.python_version(), cpu_count=os.cpu_count())
+  if "jax" in frameworks and not _has_jax():
+    print(json.dumps(dict(common, kind="skip", framework="jax", reason=(
+        "jax is not installed: pip install \"jax[cpu]\""))), flush=True)
+    frameworks.remove("jax")
+  runs = runs_of(frameworks, device_counts)
+  times = {_key(r): [] for r in runs}
+  losses = {}
+  for rnd in range(args.rounds):
+    order = runs[rnd % len(runs):] + runs[:rnd % len(runs)]
+    for run in order:
+      spec = json.dumps(dict(run, sizes=sizes, steps=args.steps,
+                             warmup=args.warmup))
+      proc = subprocess.run(
+          [sys.executable, os.path.abspath(__file__), "--child=" + spec],
+          capture_output=True, text=True, cwd=ROOT)
+      lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+      if proc.returncode != 0 or not lines:
+        sys.exit("%s failed (exit %d): %s" % (
+            _key(run), proc.returncode, proc.stderr.strip()[-2000:]))
+      result = json.loads(lines[-1])
+      times[_key(run)].append(result["step_s"])
+      losses[_key(run)] = result["first_loss"]
+  medians = {}
+  for run in runs:
+    key = _key(run)
+    medians[key] = statistics.median(times[key])
+    print(json.dumps(dict(common, kind="run", **run,
+                          step_s=medians[key], min_s=min(times[key]),
+                          max_s=max(times[key]), all_s=times[key],
+                          first_loss=losses[key])), flush=True)
+  ratios = {}
+  base = medians.get("tf/1/1-device")
+  for run in runs:
+    key = _key(run)
+    if base and key != "tf/1/1-device":
+      ratios[key + "/over_tf_1_device"] = medians[key] / base
+    own = medians.get("%s/1/1-device" % run["framework"])
+    if own and run["devices"] > 1:
+      ratios[key + "/over_own_1_device"] = medians[key] / own
+    if run["framework"] == "meshtf":
+      peer = medians.get(key.replace("meshtf/", "jax/", 1))
+      if peer:
+        ratios[key + "/meshtf_over_jax"] = medians[key] / peer
+  print(json.dumps(dict(common, kind="summary", ratios=ratios)), flush=True)
+
+
+if __name__ == "__main__":
+  main()
