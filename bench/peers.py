@@ -124,14 +124,15 @@ def jax_step(sizes, run):
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.sharding import Mesh  # pylint: disable=g-import-not-at-top
   from jax.sharding import NamedSharding  # pylint: disable=g-import-not-at-top
-  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  from jax.sharding import PartitionSpec  # pylint: disable=g-import-not-at-top
   shape = [(part.split(":")[0], int(part.split(":")[1]))
            for part in run["mesh"].split(";")]
   devices = np.array(jax.devices()[:run["devices"]]).reshape(
       [s for _, s in shape])
   mesh = Mesh(devices, [n for n, _ in shape])
   rules = dict(r.split(":") for r in run["layout"].split(";") if r)
-  spec = lambda *dims: NamedSharding(mesh, P(*[rules.get(d) for d in dims]))
+  spec = lambda *dims: NamedSharding(
+      mesh, PartitionSpec(*[rules.get(d) for d in dims]))
   x, target, w0, b0, v0 = initial_values(*sizes)
   x = jax.device_put(x, spec("batch", "io"))
   target = jax.device_put(target, spec("batch", "io"))

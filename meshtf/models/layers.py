@@ -720,7 +720,8 @@ from meshtf.models.mesh_tf_layers import *  # noqa: E402,F401,F403
 from meshtf.models import mesh_tf_layers as _mesh_tf_layers  # noqa: E402
 __all__ += _mesh_tf_layers.__all__
 from meshtf.models.mesh_tf_local_attention import *  # noqa: E402,F401,F403
-from meshtf.models import mesh_tf_local_attention as _local_attention  # noqa: E402,E501
+from meshtf.models import (  # noqa: E402
+    mesh_tf_local_attention as _local_attention)
 __all__ += _local_attention.__all__
 
 

@@ -377,9 +377,9 @@ class ImportLaidOutTensorOperation(io.ImportSlicesOperation):
 
 
 # --- ops.py helper functions -------------------------------------------------
-def list_product(values):
+def list_product(l):  # pylint: disable=invalid-name (Mesh TF's keyword)
   """The product of a list of numbers (1 for an empty list)."""
-  return functools.reduce(operator.mul, values, 1)
+  return functools.reduce(operator.mul, l, 1)
 
 
 def pnum_to_processor_coordinates(mesh_shape, pnum):

@@ -218,17 +218,17 @@ def softmax(x, reduced_dim, extra_logit=None, name=None):
 
 
 # --- selections along one dim ------------------------------------------------
-def reduce_first(x, reduced_dim, name=None):
-  """x at index 0 of reduced_dim (that dim removed). Where reduced_dim is
-  split, the processors holding index 0 contribute it and the others zeros,
+def reduce_first(tensor, reduced_dim, name=None):
+  """tensor at index 0 of reduced_dim (that dim removed). Where reduced_dim
+  is split, the processors holding index 0 contribute it and the others zeros,
   summed over its mesh axis. The gradient flows to index 0 only.
 
   Example:
     >>> first_token = mtf.reduce_first(embeddings, length_dim)
   """
   from meshtf.ops import index
-  dim = index.find_dim(x, reduced_dim, "reduce_first", "reduced_dim")
-  return index.gather(x, 0, dim, name=name or "reduce_first")
+  dim = index.find_dim(tensor, reduced_dim, "reduce_first", "reduced_dim")
+  return index.gather(tensor, 0, dim, name=name or "reduce_first")
 
 
 def nth_largest_element(x, n, reduced_dim, name=None):
