@@ -126,7 +126,7 @@ def get_global_step(mesh, name="global_step", dtype=tf.int64):
   return step, variables_lib.assign_add(step, one, name=name + "/increment")
 
 
-# --- gradients in their variables' layouts ---------------------------------------
+# --- gradients in their variables' layouts -----------------------------------
 def in_variable_layouts(grads, variables):
   """Each gradient laid out like its variable (None stays None). Where a
   variable is stored split over the data axis (weight-update sharding:
