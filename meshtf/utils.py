@@ -60,6 +60,39 @@ class BalancedVariablePlacer(object):
     return device
 
 
+def create_host_call(model_dir):
+  """Mesh TF's TPUEstimator host_call writing the graph's scalar summaries
+  to model_dir: (fn, args), or None when there are none. meshtf records no
+  summaries (mtf.scalar_summary is accepted and ignored; TF >= 2.16 has no
+  Estimator to call a host_call), so the answer is None, Mesh TF's answer
+  for a graph without summaries.
+
+  Example:
+    >>> create_host_call("/tmp/model") is None
+    True
+  """
+  del model_dir
+  return None
+
+
+def topology_rank(topology):
+  """The number of dims of a TPU topology's mesh shape ([x, y, z, cores]:
+  4). topology: a tf.tpu.experimental.Topology or its serialized
+  TopologyProto (bytes).
+
+  Example:
+    >>> topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+    >>> topology_rank(topology)
+    4
+  """
+  if isinstance(topology, bytes):
+    topology = tf.tpu.experimental.Topology(serialized=topology)
+  if not isinstance(topology, tf.tpu.experimental.Topology):
+    raise ValueError("topology_rank: topology is not a Topology or a "
+                     "serialized TopologyProto; got %s" % type(topology))
+  return len(topology.mesh_shape)
+
+
 def remove_summaries():
   """Mesh TF cleared its scalar-summary collection here; meshtf keeps no
   such collection (summaries are TF2 tf.summary calls): a no-op."""

@@ -14,6 +14,8 @@ Example:
 import functools
 import operator
 
+from absl import flags
+
 from meshtf import shapes
 
 
@@ -132,3 +134,27 @@ def auto_logical_to_physical_tpu(logical_shape, physical_shape,
   if return_coordinates:
     return [_row_major(p, physical_shape) for p in order]
   return order
+
+
+def physical_shape_3d_from_topology_proto_4d(mesh_shape, fold_xy=None):
+  """A TPU topology's 4-d mesh shape [x, y, z, cores] as the 3-d physical
+  shape auto_logical_to_physical_tpu takes: [y * z, x, cores], or with
+  fold_xy [x * y, z, cores] (a 3-d torus with x and y folded into one dim).
+
+  fold_xy None reads Mesh TF's --fold_xy absl flag where the program
+  defines one, else False (meshtf defines no flag on import).
+
+  Example:
+    >>> physical_shape_3d_from_topology_proto_4d([4, 4, 2, 2])
+    [8, 4, 2]
+    >>> physical_shape_3d_from_topology_proto_4d([4, 4, 2, 2], fold_xy=True)
+    [16, 2, 2]
+  """
+  mesh_shape = list(mesh_shape)
+  if len(mesh_shape) != 4:
+    raise ValueError("physical_shape_3d_from_topology_proto_4d: expected a "
+                     "4-d shape [x, y, z, cores], got %s" % (mesh_shape,))
+  if fold_xy is None:
+    fold_xy = "fold_xy" in flags.FLAGS and bool(flags.FLAGS["fold_xy"].value)
+  x, y, z, cores = (int(v) for v in mesh_shape)
+  return [x * y, z, cores] if fold_xy else [y * z, x, cores]

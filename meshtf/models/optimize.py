@@ -17,7 +17,8 @@ the step (a float32 scalar Tensor counting the updates applied before this
 one). `apply_grads(..., step=s)` uses your step (e.g. from get_global_step);
 otherwise an optimizer that needs a step makes its own counter variable
 "optimizer_step" and increments it (a second optimizer in the same graph
-gets "optimizer_step_1": pass one step to both to share it).
+gets "optimizer_step_1": pass one step to both to share it). The
+schedules live in meshtf/models/schedules.py; optimize re-exports them.
 
 Example:
   >>> import meshtf as mtf
@@ -32,7 +33,6 @@ Example:
   ...   return loss
   >>> step = mtf.MeshFunction(build, impl)   # slot variables "w/slot_m", ...
 """
-import math
 import re
 import weakref
 
@@ -47,6 +47,20 @@ from meshtf.ops import initializers
 from meshtf.ops import io
 from meshtf.ops import reductions
 from meshtf.ops import variables as variables_lib
+# The schedules are optimize's names too (Mesh TF's optimize.py held
+# product_learning_rate and compute_lr_for_step).
+from meshtf.models.schedules import _maximum
+from meshtf.models.schedules import _minimum
+from meshtf.models.schedules import _rsqrt
+from meshtf.models.schedules import compute_lr_for_step
+from meshtf.models.schedules import constant
+from meshtf.models.schedules import linear_decay
+from meshtf.models.schedules import linear_warmup
+from meshtf.models.schedules import product_learning_rate
+from meshtf.models.schedules import product_schedule
+from meshtf.models.schedules import rsqrt_decay
+from meshtf.models.schedules import step_num
+from meshtf.models.schedules import warmup_then_decay
 
 
 # --- helpers ------------------------------------------------------------------
@@ -76,20 +90,6 @@ def _compute_dtype(var):
 
 def _cast(x, dtype):
   return elementwise.cast(x, dtype) if _is_tensor(x) else x
-
-
-def _minimum(a, b):
-  return elementwise.minimum(a, b) if _is_tensor(a) or _is_tensor(b) \
-      else min(a, b)
-
-
-def _maximum(a, b):
-  return elementwise.maximum(a, b) if _is_tensor(a) or _is_tensor(b) \
-      else max(a, b)
-
-
-def _rsqrt(x):
-  return elementwise.rsqrt(x) if _is_tensor(x) else 1.0 / math.sqrt(x)
 
 
 def _pow(base, exponent):
@@ -126,117 +126,7 @@ def get_global_step(mesh, name="global_step", dtype=tf.int64):
   return step, variables_lib.assign_add(step, one, name=name + "/increment")
 
 
-def step_num(step):
-  """The step as a float32 scalar (Python numbers pass through as floats).
-
-  Example:
-    >>> t = step_num(step) + 1.0
-  """
-  return elementwise.cast(step, tf.float32) if _is_tensor(step) \
-      else float(step)
-
-
-# --- learning-rate schedules --------------------------------------------------
-# Each takes the step (completed updates; a scalar Tensor or a number) and
-# returns a factor or a rate of the same kind, so they compose by product
-# and can be checked against their closed forms with plain numbers.
-def constant(step, value=1.0):
-  """A constant: `value` at every step.
-
-  Example:
-    >>> constant(step_num(step), 0.01)
-  """
-  del step
-  return value
-
-
-def linear_warmup(step, warmup_steps):
-  """min(1, step / warmup_steps): 0 at step 0, 1 from warmup_steps on.
-
-  Example:
-    >>> linear_warmup(50.0, 100)
-    0.5
-  """
-  if warmup_steps <= 0:
-    return 1.0
-  return _minimum(1.0, step_num(step) * (1.0 / warmup_steps))
-
-
-def rsqrt_decay(step, warmup_steps=10000):
-  """1 / sqrt(max(step, warmup_steps)): constant during warmup, then
-  decaying as step^-0.5 (the Transformer's and T5's rsqrt schedule).
-
-  Example:
-    >>> rsqrt_decay(400.0, 100)
-    0.05
-  """
-  return _rsqrt(_maximum(step_num(step), float(max(warmup_steps, 1))))
-
-
-def linear_decay(step, total_steps, steps_or_fraction=0.1):
-  """Linear decay to 0 over the last steps of training.
-
-  min(1, (total_steps - step) / decay_steps), at least 0, where decay_steps
-  is steps_or_fraction if >= 1, else that fraction of total_steps.
-
-  Example:
-    >>> linear_decay(950.0, 1000, 0.1)
-    0.5
-  """
-  decay_steps = (float(steps_or_fraction) if steps_or_fraction >= 1
-                 else steps_or_fraction * total_steps)
-  remaining = (float(total_steps) - step_num(step)) * (1.0 / decay_steps)
-  return _maximum(0.0, _minimum(1.0, remaining))
-
-
-def product_schedule(*factors):
-  """A schedule step -> product of factors(step) (numbers count as
-  constants).
-
-  Example:
-    >>> sched = product_schedule(0.1, lambda s: linear_warmup(s, 10))
-    >>> sched(5.0)
-    0.05
-  """
-  def schedule(step):
-    out = 1.0
-    for f in factors:
-      out = out * (f(step) if callable(f) else f)
-    return out
-  return schedule
-
-
-def warmup_then_decay(learning_rate, warmup_steps, decay="rsqrt",
-                      total_steps=None, steps_or_fraction=0.1):
-  """Linear warmup to learning_rate at warmup_steps, then a decay.
-
-  decay "rsqrt": learning_rate * sqrt(warmup_steps / step) after warmup;
-  "linear": linear_decay(step, total_steps, steps_or_fraction);
-  "constant": none. Returns a schedule (a function of the step).
-
-  Example:
-    >>> sched = warmup_then_decay(0.01, 100, "rsqrt")
-    >>> sched(50.0), sched(400.0)
-    (0.005, 0.005)
-  """
-  if decay == "rsqrt":
-    # Scaled so the peak, at step = warmup_steps, is learning_rate.
-    norm = math.sqrt(max(warmup_steps, 1))
-    decay_fn = lambda s: norm * rsqrt_decay(s, warmup_steps)
-  elif decay == "linear":
-    if total_steps is None:
-      raise ValueError("warmup_then_decay(decay='linear') needs total_steps")
-    decay_fn = lambda s: linear_decay(s, total_steps, steps_or_fraction)
-  elif decay == "constant":
-    decay_fn = lambda s: 1.0
-  else:
-    raise ValueError("warmup_then_decay: decay %r is not one of 'rsqrt', "
-                     "'linear', 'constant'" % (decay,))
-  return product_schedule(learning_rate,
-                          lambda s: linear_warmup(s, warmup_steps), decay_fn)
-
-
-# --- gradients in their variables' layouts ---------------------------------------
+# --- gradients in their variables' layouts -----------------------------------
 def in_variable_layouts(grads, variables):
   """Each gradient laid out like its variable (None stays None). Where a
   variable is stored split over the data axis (weight-update sharding:
@@ -395,6 +285,11 @@ class Optimizer(object):
       state.float_step = step_num(state.step)
     return state.float_step
 
+  def _lr_for(self, var, value, dtype):
+    """The learning rate for var (value: the optimizer's own), resolved
+    once per graph; the multi-schedule optimizers pick one per variable."""
+    return self._hparam(var.mesh, "lr", value, dtype)
+
   def _hparam(self, mesh, key, value, dtype):
     """value (number, scalar Tensor or fn(step)) resolved once per graph."""
     cache = self._state(mesh.graph).hparams
@@ -437,7 +332,7 @@ class SgdOptimizer(Optimizer):
   lr = property(lambda self: self._lr)
 
   def _update(self, grad, var, value):
-    lr = self._hparam(var.mesh, "lr", self._lr, grad.dtype)
+    lr = self._lr_for(var, self._lr, grad.dtype)
     # assign_sub rather than assign(var - ...): a low-precision variable
     # rounds only the increment, as in Mesh TensorFlow.
     return [variables_lib.assign_sub(var, grad * lr)]
@@ -461,7 +356,7 @@ class MomentumOptimizer(Optimizer):
   momentum = property(lambda self: self._momentum)
 
   def _update(self, grad, var, value):
-    lr = self._hparam(var.mesh, "lr", self._lr, grad.dtype)
+    lr = self._lr_for(var, self._lr, grad.dtype)
     momentum = self._hparam(var.mesh, "momentum", self._momentum, grad.dtype)
     velocity = _slot(var, "velocity", dtype=grad.dtype)
     new_velocity = velocity * momentum - grad * lr
@@ -522,7 +417,7 @@ class AdamWeightDecayOptimizer(Optimizer):
 
   def _update(self, grad, var, value):
     mesh, dtype = var.mesh, grad.dtype
-    lr = self._hparam(mesh, "lr", self.learning_rate, dtype)
+    lr = self._lr_for(var, self.learning_rate, dtype)
     m = _slot(var, "m", dtype=dtype)
     v = _slot(var, "v", dtype=dtype)
     next_m = m * self.beta_1 + grad * (1.0 - self.beta_1)
@@ -609,7 +504,7 @@ class AdafactorOptimizer(Optimizer):
   def _update(self, grad, var, value):
     mesh, dtype = var.mesh, grad.dtype
     decay_rate = self._hparam(mesh, "decay_rate", self._decay_rate, dtype)
-    learning_rate = self._hparam(mesh, "lr", self._learning_rate, dtype)
+    learning_rate = self._lr_for(var, self._learning_rate, dtype)
     mixing_rate = 1.0 - decay_rate
     grad_squared = elementwise.square(grad) + self._epsilon1
     updates = []
@@ -674,12 +569,134 @@ def adafactor_decay_rate_adam(beta2):
   return decay
 
 
+def adafactor_optimizer_from_hparams(hparams, lr):
+  """An AdafactorOptimizer from Mesh TF (tensor2tensor) hparams, with
+  learning rate lr. hparams.optimizer_adafactor_decay_type "Adam" decays
+  like adafactor_decay_rate_adam(optimizer_adafactor_beta2), "pow" like
+  adafactor_decay_rate_pow(optimizer_adafactor_memory_exponent);
+  optimizer_adafactor_multiply_by_parameter_scale, _beta1,
+  _clipping_threshold and _factored set the options of the same names.
+
+  Example:
+    >>> hp = types.SimpleNamespace(
+    ...     optimizer_adafactor_decay_type="pow",
+    ...     optimizer_adafactor_memory_exponent=0.8,
+    ...     optimizer_adafactor_multiply_by_parameter_scale=True,
+    ...     optimizer_adafactor_beta1=0.0,
+    ...     optimizer_adafactor_clipping_threshold=1.0,
+    ...     optimizer_adafactor_factored=True)
+    >>> opt = adafactor_optimizer_from_hparams(hp, 0.01)
+  """
+  decay_type = hparams.optimizer_adafactor_decay_type
+  if decay_type == "Adam":
+    decay_rate = adafactor_decay_rate_adam(hparams.optimizer_adafactor_beta2)
+  elif decay_type == "pow":
+    decay_rate = adafactor_decay_rate_pow(
+        hparams.optimizer_adafactor_memory_exponent)
+  else:
+    raise ValueError("adafactor_optimizer_from_hparams: unknown "
+                     "optimizer_adafactor_decay_type %r (use 'Adam' or "
+                     "'pow')" % (decay_type,))
+  return AdafactorOptimizer(
+      multiply_by_parameter_scale=(
+          hparams.optimizer_adafactor_multiply_by_parameter_scale),
+      learning_rate=lr, decay_rate=decay_rate,
+      beta1=hparams.optimizer_adafactor_beta1,
+      clipping_threshold=hparams.optimizer_adafactor_clipping_threshold,
+      factored=hparams.optimizer_adafactor_factored)
+
+
+# --- several learning-rate schedules in one optimizer -------------------------
+class _MultiLRSchedule(object):
+  """Variables whose name matches variable_search[i] (re.search) learn at
+  alt_lr_schedules[i] (a product_learning_rate factor list over
+  train_steps; None: the optimizer's rate); the others at the optimizer's
+  learning rate. A name matching several patterns takes the last one's
+  schedule."""
+
+  def _init_schedules(self, variable_search, alt_lr_schedules, train_steps):
+    if (variable_search is not None and alt_lr_schedules is not None
+        and len(alt_lr_schedules) < len(variable_search)):
+      raise ValueError(
+          "%s: %d variable_search patterns but %d alt_lr_schedules; give "
+          "one schedule per pattern" % (type(self).__name__,
+                                        len(variable_search),
+                                        len(alt_lr_schedules)))
+    self.variable_search = variable_search
+    self.alt_lr_schedules = alt_lr_schedules
+    self.train_steps = train_steps
+
+  def _lr_for(self, var, value, dtype):
+    if self.alt_lr_schedules is None or self.variable_search is None:
+      return super()._lr_for(var, value, dtype)
+    matched = [i for i, pattern in enumerate(self.variable_search)
+               if re.search(pattern, var.name) is not None]
+    if not matched:
+      return super()._lr_for(var, value, dtype)
+    i = matched[-1]
+    rate = compute_lr_for_step(self.alt_lr_schedules, value,
+                               self.train_steps)[i]
+    return self._hparam(var.mesh, "lr/alt_%d" % i, rate, dtype)
+
+
+class AdafactorWithMultiLRSchedule(_MultiLRSchedule, AdafactorOptimizer):
+  """Adafactor with other learning-rate schedules for some variables.
+
+  variable_search: regexes; alt_lr_schedules: one product_learning_rate
+  factor list per regex (None: the optimizer's learning_rate), evaluated at
+  the optimizer's step with total_train_steps = train_steps (Mesh TF's
+  gin-configured compute_lr_for_step.train_steps). Without both, plain
+  Adafactor. Other keyword arguments are AdafactorOptimizer's.
+
+  Example:
+    >>> opt = AdafactorWithMultiLRSchedule(
+    ...     variable_search=["^decoder/"],
+    ...     alt_lr_schedules=[[0.001, lambda s, total: 1.0 - s / total]],
+    ...     train_steps=10000, learning_rate=0.01)
+    >>> ops = opt.apply_grads(grads, variables)
+  """
+
+  def __init__(self, variable_search=None, alt_lr_schedules=None,
+               train_steps=524288, **kwargs):
+    super().__init__(**kwargs)
+    self._init_schedules(variable_search, alt_lr_schedules, train_steps)
+
+
+class AdamWithMultiLRSchedule(_MultiLRSchedule, AdamWeightDecayOptimizer):
+  """AdamWeightDecayOptimizer with other learning-rate schedules for some
+  variables (see AdafactorWithMultiLRSchedule); learning_rate and the other
+  Adam options are keyword arguments.
+
+  Example:
+    >>> opt = AdamWithMultiLRSchedule(
+    ...     variable_search=["bias"], alt_lr_schedules=[[0.1]],
+    ...     learning_rate=1e-3)
+    >>> ops = opt.apply_grads(grads, variables)
+  """
+
+  def __init__(self, variable_search=None, alt_lr_schedules=None,
+               train_steps=524288, **kwargs):
+    super().__init__(**kwargs)
+    self._init_schedules(variable_search, alt_lr_schedules, train_steps)
+
+
 def make_optimizer(name, learning_rate, **kwargs):
-  """An optimizer by name: 'sgd', 'momentum', 'adam' or 'adafactor'.
+  """An optimizer by name: 'sgd', 'momentum', 'adam' or 'adafactor'; or,
+  as Mesh TF's make_optimizer(hparams, lr), by hparams.optimizer: "SGD",
+  or "Adafactor" (adafactor_optimizer_from_hparams).
 
   Example:
     >>> opt = make_optimizer("adam", 1e-3, weight_decay_rate=0.01)
   """
+  if not isinstance(name, str):
+    hparams = name
+    if hparams.optimizer == "SGD":
+      return SgdOptimizer(learning_rate)
+    if hparams.optimizer == "Adafactor":
+      return adafactor_optimizer_from_hparams(hparams, learning_rate)
+    raise ValueError("make_optimizer: unknown hparams.optimizer %r (Mesh "
+                     "TF's hparams form takes 'SGD' or 'Adafactor')"
+                     % (hparams.optimizer,))
   classes = {"sgd": SgdOptimizer, "momentum": MomentumOptimizer,
              "adam": AdamWeightDecayOptimizer,
              "adafactor": AdafactorOptimizer}
@@ -695,8 +712,11 @@ def make_optimizer(name, learning_rate, **kwargs):
 __all__ = [
     "Optimizer", "SgdOptimizer", "MomentumOptimizer",
     "AdamWeightDecayOptimizer", "AdafactorOptimizer",
-    "adafactor_decay_rate_pow", "adafactor_decay_rate_adam", "make_optimizer",
-    "clip_by_global_norm", "in_variable_layouts", "reduce_rms", "get_global_step", "step_num",
-    "constant", "linear_warmup", "rsqrt_decay", "linear_decay",
-    "product_schedule", "warmup_then_decay",
+    "AdafactorWithMultiLRSchedule", "AdamWithMultiLRSchedule",
+    "adafactor_decay_rate_pow", "adafactor_decay_rate_adam",
+    "adafactor_optimizer_from_hparams", "make_optimizer",
+    "clip_by_global_norm", "in_variable_layouts", "reduce_rms",
+    "get_global_step", "step_num", "constant", "linear_warmup",
+    "rsqrt_decay", "linear_decay", "product_schedule", "warmup_then_decay",
+    "product_learning_rate", "compute_lr_for_step",
 ]

@@ -1,5 +1,8 @@
 """meshtf/lowering/logical_to_physical.py: Mesh TF's HierarchicalTiling and
-auto_logical_to_physical_tpu give permutations with the tiles asked for."""
+auto_logical_to_physical_tpu give permutations with the tiles asked for;
+physical_shape_3d_from_topology_proto_4d folds a TPU topology's 4-d mesh."""
+from absl import flags
+import numpy as np
 import pytest
 
 from meshtf import simd_mesh_impl
@@ -25,3 +28,21 @@ def test_auto_is_a_permutation(logical, physical):
 def test_bad_spec_refused():
   with pytest.raises(ValueError, match="multiply to"):
     l2p.HierarchicalTiling([("a", [2, 2]), ("b", [2, 1])], [2, 2])
+
+
+def test_physical_shape_3d_from_topology_proto_4d():
+  fold = simd_mesh_impl.physical_shape_3d_from_topology_proto_4d
+  # [x, y, z, cores] -> [y * z, x, cores]; folded: [x * y, z, cores].
+  assert fold([4, 2, 3, 2]) == [6, 4, 2]
+  assert fold(np.array([4, 2, 3, 2]), fold_xy=True) == [8, 3, 2]
+  assert all(type(v) is int for v in fold(np.array([4, 2, 3, 2])))
+  with pytest.raises(ValueError, match="4-d shape"):
+    fold([8, 8, 2])
+  # Mesh TF's --fold_xy flag, where the program defines it.
+  flags.DEFINE_bool("fold_xy", True, "test flag")
+  try:
+    assert fold([4, 2, 3, 2]) == [8, 3, 2]
+    assert fold([4, 2, 3, 2], fold_xy=False) == [6, 4, 2]
+  finally:
+    delattr(flags.FLAGS, "fold_xy")
+  assert fold([4, 2, 3, 2]) == [6, 4, 2]

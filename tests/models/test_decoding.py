@@ -471,6 +471,105 @@ def test_trained_lm_decodes_the_copy():
   assert (one["never_end"][:, n + 1:] != decoding.EOS_ID).all()
 
 
+# --- Mesh TF's greedy_decode and compute_topk_scores_and_seq ------------------
+GV, GL = 8, 6    # the counting model's vocab and length
+
+
+def _counting_logits_fn(mesh, on_value=10.0):
+  """A hand-checkable model: the next token is (previous + 1) % GV; at
+  position 0 the previous token is the row's state `start`."""
+  vocab = mtf.Dimension("vocab", GV)
+
+  def logits_fn(step, ids, states):
+    start, = states
+    length = ids.shape.dims[-1]
+    before = mtf.one_hot(step - 1, length, dtype=tf.int32)
+    prev = mtf.reduce_sum(ids * before, reduced_dim=length)
+    prev = mtf.where(mtf.equal(step, 0), start, prev, output_shape=prev.shape)
+    return mtf.one_hot(mtf.mod(prev + 1, GV), vocab, on_value=on_value,
+                       off_value=0.0), [start]
+  return logits_fn
+
+
+def _greedy(starts, forced=None, on_value=10.0, **kwargs):
+  """greedy_decode of the counting model -> (model_fn, arrays) for _run."""
+  def model(mesh, x):
+    zeros = mtf.zeros(mesh, "batch:%d;length:%d" % (len(starts), GL),
+                      dtype=tf.int32)
+    ids = decoding.greedy_decode(
+        _counting_logits_fn(mesh, on_value), zeros,
+        initial_states=[x["start"]], forced_ids=x.get("forced"), **kwargs)
+    return {"ids": ids}
+  arrays = {"start": (np.array(starts, np.int32), "batch:%d" % len(starts))}
+  if forced is not None:
+    arrays["forced"] = (np.array(forced, np.int32),
+                        "batch:%d;length:%d" % (len(starts), GL))
+  return model, arrays
+
+
+@pytest.mark.parametrize("starts,forced,want", [
+    # Row 0 reaches EOS (1) at position 3 and keeps counting until row 1 is
+    # done: the length is full.
+    ([5, 2], None, [[6, 7, 0, 1, 2, 3], [3, 4, 5, 6, 7, 0]]),
+    # Both rows reach EOS by position 3: the loop stops, the rest stay 0.
+    ([5, 6], None, [[6, 7, 0, 1, 0, 0], [7, 0, 1, 2, 0, 0]]),
+    # Forced tokens replace the argmax (row 1's forced EOS at 3 included),
+    # and the model continues from them.
+    ([5, 2], [[0, 4, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0]],
+     [[6, 4, 5, 6, 7, 0], [3, 4, 5, 1, 2, 3]]),
+])
+def test_greedy_decode_matches_the_hand_count(starts, forced, want):
+  model, arrays = _greedy(starts, forced)
+  base = {"ids": np.array(want, np.int32)}
+  out, _ = _run(model, arrays)
+  np.testing.assert_array_equal(out["ids"], base["ids"])
+  _check_layouts(model, arrays, base,
+                 [("all:2", "batch:all"), ("a:2;b:2", "length:a;vocab:b")])
+
+
+def test_greedy_decode_samples_with_temperature():
+  """Logits 100 apart: sampling at temperature 1 is the argmax. Flat
+  logits: fresh noise per position, the same tokens on every layout."""
+  model, arrays = _greedy([5, 2], on_value=100.0, temperature=1.0)
+  out, _ = _run(model, arrays)
+  np.testing.assert_array_equal(out["ids"], [[6, 7, 0, 1, 2, 3],
+                                             [3, 4, 5, 6, 7, 0]])
+  starts = list(range(8))
+  model, arrays = _greedy(starts, on_value=0.0, temperature=1.0, eos_id=-1)
+  base, _ = _run(model, arrays)
+  assert np.mean([len(set(r)) for r in base["ids"]]) > 3   # ~4.4 of 6
+  _check_layouts(model, arrays, base, [("a:2;b:2", "batch:a;vocab:b")])
+
+
+def test_compute_topk_scores_and_seq_matches_numpy():
+  rs = np.random.RandomState(3)
+  seq = rs.randint(0, 9, size=[2, 4, 3]).astype(np.int32)
+  scores = rs.permutation(8).reshape(2, 4).astype(np.float32)
+  gather_np = rs.randn(2, 4).astype(np.float32)
+  flags = rs.rand(2, 4) > 0.5
+  beam = mtf.Dimension("beam", 2)
+
+  def model(mesh, x):
+    out = decoding.compute_topk_scores_and_seq(
+        x["seq"], x["scores"], x["gather"], mtf.cast(x["flags"], tf.bool),
+        beam, prefix="alive")
+    return dict(zip(["seq", "scores", "flags", "selector"], out))
+  arrays = {"seq": (seq, "batch:2;double_beam:4;length:3"),
+            "scores": (scores, "batch:2;double_beam:4"),
+            "gather": (gather_np, "batch:2;double_beam:4"),
+            "flags": (flags.astype(np.int32), "batch:2;double_beam:4")}
+  top = np.argsort(-scores, axis=1)[:, :2]          # best first
+  rows = np.arange(2)[:, None]
+  want = {"seq": seq[rows, top], "scores": gather_np[rows, top],
+          "flags": flags[rows, top], "selector": np.eye(4)[top]}
+  out, graph = _run(model, arrays)
+  for n, v in want.items():
+    np.testing.assert_array_equal(out[n], v, err_msg=n)
+  names = [op.name for op in graph.operations]
+  assert {"alive_seq", "alive_scores", "alive_flags"} <= set(names), names
+  _check_layouts(model, arrays, out, [("all:2", "double_beam:all")])
+
+
 # --- errors -------------------------------------------------------------------
 def test_bad_arguments_raise_clear_errors():
   lm = _tiny_lm()
@@ -497,6 +596,10 @@ def test_bad_arguments_raise_clear_errors():
   beams = mtf.zeros(mesh, "batch:2;beam:3;length:%d" % L, dtype=tf.int32)
   with pytest.raises(ValueError, match=r"prompts .*without the beam dim"):
     lm.beam_search(beams, None, prompts=beams)
+  vocab = mtf.Dimension("vocab", 4)
+  with pytest.raises(ValueError, match="greedy_decode: logits_fn returned"):
+    decoding.greedy_decode(lambda step, ids, states: (
+        mtf.one_hot(step, vocab) * mtf.ones(mesh, "batch:2"), states), ids)
   # A name reused with another shape is an error, not a silent new variable.
   mtf.get_variable(mesh, "w", "a:2")
   with pytest.raises(ValueError, match="get_variable: variable 'w' exists"):

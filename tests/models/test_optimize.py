@@ -12,6 +12,7 @@ target [batch:8, hidden:16].
 """
 import functools
 import math
+import types
 
 import numpy as np
 import pytest
@@ -121,7 +122,7 @@ def adam_ref(lr, wd=0.0, b1=0.9, b2=0.999, eps=1e-6, exclude=(),
     u = m / (np.sqrt(v) + eps)
     if wd and n not in exclude:
       u = u + wd * p
-    return p - lr * u
+    return p - (lr(step) if callable(lr) else lr) * u
   return update
 
 
@@ -188,6 +189,62 @@ SINGLE_DEVICE_CASES = {
         adafactor_ref(lr=optimize.warmup_then_decay(0.05, 2),
                       decay=lambda s: 0.5, clip=0.5)),
 }
+
+
+def by_name(**rules):
+  """A numpy update rule per variable: by_name(w=rule_w, b=rule_b)."""
+  return lambda n, p, g, s, step: rules[n](n, p, g, s, step)
+
+
+def hparams(**kwargs):
+  """Mesh TF (tensor2tensor) style Adafactor hparams."""
+  values = dict(optimizer="Adafactor", optimizer_adafactor_decay_type="pow",
+                optimizer_adafactor_memory_exponent=0.5,
+                optimizer_adafactor_beta2=0.99,
+                optimizer_adafactor_multiply_by_parameter_scale=False,
+                optimizer_adafactor_beta1=0.5,
+                optimizer_adafactor_clipping_threshold=2.0,
+                optimizer_adafactor_factored=True)
+  values.update(kwargs)
+  return types.SimpleNamespace(**values)
+
+
+def _warm(s, total):   # a Mesh TF style factor: f(step, total_train_steps)
+  return (s + 1.0) / total
+
+
+# Mesh TF's several-schedule optimizers: w and b learn at different rates.
+# Adafactor's patterns both match b: the last one's schedule wins.
+MULTI_LR_CASES = {
+    "adam_multi_lr": (
+        lambda: optimize.AdamWithMultiLRSchedule(
+            variable_search=["^w$"], alt_lr_schedules=[[0.02, _warm]],
+            train_steps=4, learning_rate=0.01),
+        by_name(w=adam_ref(lambda s: 0.02 * (s + 1.0) / 4), b=adam_ref(0.01))),
+    "adafactor_multi_lr": (
+        lambda: optimize.AdafactorWithMultiLRSchedule(
+            variable_search=["w|b", "^b$"],
+            alt_lr_schedules=[[0.03], [0.002, _warm]], train_steps=8,
+            learning_rate=0.5, decay_rate=0.9),
+        by_name(w=adafactor_ref(lr=lambda s: 0.03, decay=lambda s: 0.9),
+                b=adafactor_ref(lr=lambda s: 0.002 * (s + 1.0) / 8,
+                                decay=lambda s: 0.9))),
+    # from_hparams: pow decay 1 - (s + 1)^-0.5, no parameter scale, beta1,
+    # clipping at 2; w is too small to factor (128 is the default).
+    "adafactor_from_hparams": (
+        lambda: optimize.adafactor_optimizer_from_hparams(hparams(), 0.02),
+        adafactor_ref(lr=lambda s: 0.02, decay=lambda s: 1 - (s + 1.0) ** -0.5,
+                      beta1=0.5, clip=2.0, scale=False)),
+    "make_optimizer_hparams_adam_decay": (
+        lambda: optimize.make_optimizer(hparams(
+            optimizer_adafactor_decay_type="Adam",
+            optimizer_adafactor_multiply_by_parameter_scale=True,
+            optimizer_adafactor_beta1=0.0), 0.02),
+        adafactor_ref(lr=lambda s: 0.02, clip=2.0,
+                      decay=lambda s: 0.99 * (1 - 0.99 ** s) /
+                      (1 - 0.99 ** (s + 1)))),
+}
+SINGLE_DEVICE_CASES.update(MULTI_LR_CASES)
 
 
 def check_against(losses, values, ref_losses, ref_values, what):
@@ -535,3 +592,69 @@ def test_errors():
   assert optimize.make_optimizer("momentum", 0.1, momentum=0.5).momentum == 0.5
   with pytest.raises(NotImplementedError, match="_update"):
     optimize.Optimizer().apply_grad(w, w)
+
+
+# --- Mesh TF's product schedules and several-schedule optimizers -------------
+def test_product_learning_rate_is_the_product_at_the_offset_step():
+  lr = optimize.product_learning_rate(30.0, 100, factors=[
+      0.5, lambda s, total: s / total, 2.0], offset=10)
+  assert lr == 0.5 * (20.0 / 90.0) * 2.0
+  assert optimize.product_learning_rate(7, 10, factors=[]) == 1.0
+  with pytest.raises(ValueError, match="factors is required"):
+    optimize.product_learning_rate(1.0, 10)
+
+
+def test_compute_lr_for_step_values_and_functions_of_the_step():
+  sched = [None, [0.5, _warm], [3.0]]
+  assert optimize.compute_lr_for_step(sched, 0.1, train_steps=10,
+                                      step=4.0) == [0.1, 0.5 * 0.5, 3.0]
+  rates = optimize.compute_lr_for_step(sched, 0.1, 10)
+  assert rates[0] == 0.1 and all(callable(r) for r in rates[1:])
+  assert [r(4.0) for r in rates[1:]] == [0.25, 3.0]
+  # On a meshtf step Tensor: one tensor of steps evaluates each at once.
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  steps = mtf.import_tf_tensor(mesh, tf.constant([0.0, 4.0, 9.0]), "steps:3")
+  out = rates[1](steps)
+  lowering = mtf.Lowering(graph, {mesh: harness.make_impl("simd", "all:1",
+                                                          "")})
+  np.testing.assert_allclose(lowering.export_to_tf_tensor(out).numpy(),
+                             [0.05, 0.25, 0.5], rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["adam_multi_lr", "adafactor_multi_lr"])
+def test_multi_lr_schedules_layout_invariant(case):
+  """The per-variable rates follow the step on 8 devices as on one."""
+  losses, values, _ = train(MULTI_LR_CASES[case][0], "simd", *LAYOUTS[1])
+  check_against(losses, values, *single_device(case), what=case)
+  check_against(losses, values, *reference(MULTI_LR_CASES[case][1]),
+                what=case)
+
+
+def test_multi_lr_without_schedules_is_the_base_optimizer():
+  for make, ref in [
+      (lambda: optimize.AdamWithMultiLRSchedule(
+          variable_search=["w"], learning_rate=0.01), adam_ref(0.01)),
+      (lambda: optimize.AdafactorWithMultiLRSchedule(
+          alt_lr_schedules=[[0.5]]), adafactor_ref())]:
+    check_against(*train(make, steps=2)[:2], *reference(ref, steps=2),
+                  what="no schedules")
+
+
+def test_from_hparams_options_and_errors():
+  opt = optimize.adafactor_optimizer_from_hparams(hparams(), 0.02)
+  assert isinstance(opt, optimize.AdafactorOptimizer)
+  assert (opt._beta1, opt._clipping_threshold, opt._factored,
+          opt._multiply_by_parameter_scale) == (0.5, 2.0, True, False)
+  assert opt._decay_rate(3.0) == 1.0 - 4.0 ** -0.5
+  assert isinstance(optimize.make_optimizer(hparams(optimizer="SGD"), 0.1),
+                    optimize.SgdOptimizer)
+  with pytest.raises(ValueError, match="optimizer_adafactor_decay_type"):
+    optimize.adafactor_optimizer_from_hparams(
+        hparams(optimizer_adafactor_decay_type="linear"), 0.1)
+  with pytest.raises(ValueError, match="'SGD' or 'Adafactor'"):
+    optimize.make_optimizer(hparams(optimizer="Adam"), 0.1)
+  with pytest.raises(ValueError, match="one schedule per pattern"):
+    optimize.AdamWithMultiLRSchedule(variable_search=["a", "b"],
+                                     alt_lr_schedules=[None],
+                                     learning_rate=0.1)
