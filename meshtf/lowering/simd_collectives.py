@@ -75,7 +75,8 @@ def check_communication_hint(hint, where):
     return hint
   raise ValueError("%s: communication_hint=%r is not one of %s: pass 'nccl' "
                    "for GPU meshes, 'auto' otherwise, or None to choose from "
-                   "the devices" % (where, hint, ", ".join(COMMUNICATION_HINTS)))
+                   "the devices" % (where, hint,
+                                    ", ".join(COMMUNICATION_HINTS)))
 
 
 def check_jit_compile(jit_compile, where):
@@ -97,7 +98,8 @@ def check_jit_compile(jit_compile, where):
   raise ValueError("%s: jit_compile=%r is not one of False, True, %s: pass "
                    "jit_compile='segments' (XLA between the collectives) or "
                    "'program' (the whole per-device program)"
-                   % (where, jit_compile, ", ".join(repr(m) for m in JIT_MODES)))
+                   % (where, jit_compile,
+                      ", ".join(repr(m) for m in JIT_MODES)))
 
 
 def xla_program_refusal(kind, reduction, whole_mesh, devices, hint="auto"):
@@ -107,9 +109,10 @@ def xla_program_refusal(kind, reduction, whole_mesh, devices, hint="auto"):
   TF 2.21's tf2xla lowers only CollectiveReduceV2, with Add/Mul, hint
   "nccl" or "auto", a compile-time constant group key (a group spanning
   the whole mesh; a group over some axes takes its key from the processor
-  number) and not on CPU (measured: "Collectives are not yet implemented for CPU devices when
-  compiling with XLA", b/194942685). Gather and all-to-all have no XLA
-  kernel ("No registered 'CollectiveGatherV2' OpKernel for XLA_CPU_JIT").
+  number) and not on CPU (measured: "Collectives are not yet implemented
+  for CPU devices when compiling with XLA", b/194942685). Gather and
+  all-to-all have no XLA kernel ("No registered 'CollectiveGatherV2'
+  OpKernel for XLA_CPU_JIT").
 
   Example:
     >>> xla_program_refusal("allreduce", "SUM", True, ["/gpu:0", "/gpu:1"])
