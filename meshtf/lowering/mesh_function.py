@@ -20,11 +20,14 @@ Example:
   >>> [float(step(tf.ones([2]))) for _ in range(2)]
   [2.0, 1.0]
 """
+import contextlib
+
 import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import simd
+from meshtf.lowering import simd_collectives
 from meshtf.lowering import variables as variables_lib
 
 
@@ -40,12 +43,26 @@ class MeshFunction(object):
     use_tf_function: False runs eagerly on every call (for debugging).
     bucket_bytes: cap of a fused gradient-allreduce bucket (Lowering's;
       None: 1 MiB, 0: off).
+    communication_hint, jit_compile: the SPMD backend's program options for
+      this function's traces (see SimdMeshImpl); None: the impl's.
   """
 
   def __init__(self, build_fn, mesh_impl, variable_store=None, seed=0,
-               use_tf_function=True, mesh_name="mesh", bucket_bytes=None):
+               use_tf_function=True, mesh_name="mesh", bucket_bytes=None,
+               communication_hint=None, jit_compile=None):
     self._bucket_bytes = lowering_lib.bucketing.check_bucket_bytes(
         bucket_bytes)
+    self._program_options = dict(
+        communication_hint=simd_collectives.check_communication_hint(
+            communication_hint, "MeshFunction"),
+        jit_compile=simd_collectives.check_jit_compile(
+            jit_compile, "MeshFunction"))
+    if (any(v is not None for v in self._program_options.values()) and
+        not hasattr(mesh_impl, "program_options")):
+      raise ValueError(
+          "MeshFunction: communication_hint / jit_compile are options of the "
+          "SPMD backend, but the mesh impl is a %s: use mtf.SimdMeshImpl or "
+          "leave them None" % type(mesh_impl).__name__)
     self._build_fn = build_fn
     self._mesh_impl = mesh_impl
     self._seed = seed
@@ -63,10 +80,14 @@ class MeshFunction(object):
     graph = graph_lib.Graph(seed=self._seed)
     mesh = graph_lib.Mesh(graph, self._mesh_name)
     outputs = self._build_fn(mesh, *tf_inputs)
-    lowering = lowering_lib.Lowering(graph, {mesh: self._mesh_impl},
-                                     variable_store=self.variable_store,
-                                     outputs=tf.nest.flatten(outputs),
-                                     bucket_bytes=self._bucket_bytes)
+    options = (self._mesh_impl.program_options(**self._program_options)
+               if hasattr(self._mesh_impl, "program_options")
+               else contextlib.nullcontext())
+    with options:
+      lowering = lowering_lib.Lowering(graph, {mesh: self._mesh_impl},
+                                       variable_store=self.variable_store,
+                                       outputs=tf.nest.flatten(outputs),
+                                       bucket_bytes=self._bucket_bytes)
     result = tf.nest.map_structure(lowering.export_to_tf_tensor, outputs)
     self.graph, self.lowering = graph, lowering
     return result

@@ -195,12 +195,39 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       None waits forever. One watchdog thread enforces it for the whole
       process (TensorFlow's per-op timeout would start a sleeping thread per
       collective and exhaust the process's threads in a training loop).
+    communication_hint: the collective ops' communication_hint: "nccl",
+      "ring" or "auto"; None chooses once from the devices ("nccl" when all
+      are GPUs, else "auto"; simd_collectives.default_communication_hint).
+    jit_compile: XLA for the per-device program. False (default): none.
+      "segments": every op but the collectives is marked for XLA
+      (tf.xla.experimental.jit_scope), so TensorFlow compiles the compute
+      between collectives as XLA clusters; works on CPU and GPU. "program"
+      (or True): the whole program under tf.function(jit_compile=True);
+      TF 2.21 compiles that only without collectives (a 1-processor mesh) or,
+      on GPUs, with whole-mesh sum-allreduces only (data parallelism); other
+      programs raise ValueError naming the collective when traced.
+
+  Example:
+    >>> impl = mtf.SimdMeshImpl("all:2", "batch:all", mtf.gpu_devices()[:2],
+    ...                         jit_compile="segments")
+    >>> impl.communication_hint
+    'nccl'
   """
 
   is_spmd = True
 
-  def __init__(self, shape, layout, devices, collective_timeout_seconds=600.0):
+  def __init__(self, shape, layout, devices, collective_timeout_seconds=600.0,
+               communication_hint=None, jit_compile=False):
     super().__init__(shape, layout, devices)
+    # Decided once here; MeshFunction may override them for its traces.
+    self._options = {
+        "communication_hint": (
+            simd_collectives.check_communication_hint(
+                communication_hint, "SimdMeshImpl") or
+            simd_collectives.default_communication_hint(self.devices)),
+        "jit_compile": simd_collectives.check_jit_compile(
+            jit_compile, "SimdMeshImpl") or ""}
+    self._overrides = []
     # Each processor's rank among all devices in TF's collective order.
     keys = [device_rank_key(d) for d in devices]
     self._rank_of = np.empty(len(devices), np.int64)
@@ -233,6 +260,35 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     return len(self.local_pnums()) < self.size
   collective_timeout_seconds = property(lambda self: self._timeout)
 
+  def _option(self, key):
+    for overrides in reversed(self._overrides):
+      if overrides.get(key) is not None:
+        return overrides[key]
+    return self._options[key]
+
+  communication_hint = property(lambda self: self._option(
+      "communication_hint"))
+  jit_compile = property(lambda self: self._option("jit_compile"))
+
+  @contextlib.contextmanager
+  def program_options(self, communication_hint=None, jit_compile=None):
+    """Within the body, programs traced use these options instead of the
+    impl's (None: the impl's). MeshFunction wraps its traces in it.
+
+    Example:
+      >>> with impl.program_options(jit_compile="segments"):
+      ...   lowering = mtf.Lowering(graph, {mesh: impl})
+    """
+    self._overrides.append({
+        "communication_hint": simd_collectives.check_communication_hint(
+            communication_hint, "program_options"),
+        "jit_compile": simd_collectives.check_jit_compile(
+            jit_compile, "program_options")})
+    try:
+      yield self
+    finally:
+      self._overrides.pop()
+
   def _context(self):
     if self._ctx is None:
       raise ValueError(
@@ -264,6 +320,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     """
     n_handles = len(handles)
     n_token = 1 if self.uses_ordering_token else 0
+    jit = self.jit_compile
 
     def program(pnum, *args):
       token = args[0] if n_token else None
@@ -271,14 +328,17 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       self._ctx = _ProgramContext(pnum, token,
                                   dict(zip(handles, args[:n_handles])), {})
       try:
-        return list(body(*args[n_handles:]))
+        with _jit_scope(jit == "segments"):
+          return list(body(*args[n_handles:]))
       finally:
         self._ctx = None
 
     specs = [tf.TensorSpec([], tf.int32)]
     specs += [tf.TensorSpec([], tf.resource)] * (n_token + n_handles)
     specs += list(arg_specs)
-    return tf.function(program, autograph=False).get_concrete_function(*specs)
+    return tf.function(program, autograph=False,
+                       jit_compile=True if jit == "program" else None
+                       ).get_concrete_function(*specs)
 
   def launch(self, program, per_device_args):
     """Calls the traced program on every local device; returns each
@@ -515,7 +575,10 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       # Sorting a group's members by their global rank gives TF's order.
       rank_to_pos = np.argsort(self._rank_of[groups], axis=1, kind="stable")
       identity = bool(np.all(rank_to_pos == np.arange(groups.shape[1])))
-      others = [a for a in range(self.ndims) if a not in mesh_axes]
+      # Size-1 axes are left out: their coordinate is always 0, and a group
+      # index without terms is a constant (XLA wants constant group keys).
+      others = [a for a in range(self.ndims) if a not in mesh_axes
+                and self.shape.dims[a].size > 1]
       strides, acc = {}, 1
       for a in reversed(others):
         strides[a] = acc
@@ -534,14 +597,28 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       index = index + self.pcoord(a) * stride
     return index
 
-  def _collective_args(self, mesh_axes):
+  def _collective_args(self, mesh_axes, kind, reduction=None):
     table = self.group_tables(mesh_axes)
     ctx = self._context()
+    if self.jit_compile == "program":
+      why = simd_collectives.xla_program_refusal(
+          kind, reduction, not table.strides, self.devices,
+          self.communication_hint)
+      if why:
+        raise ValueError(
+            "jit_compile='program' cannot compile the %s over mesh axes %s "
+            "of mesh %s: %s. Use jit_compile='segments' (XLA compiles the "
+            "ops between the collectives)" % (
+                kind + ("_" + reduction.lower() if reduction else ""),
+                [self.shape.dims[a].name for a in sorted(mesh_axes)],
+                self.shape, why))
     return table, dict(
         group_size=tf.constant(table.group_size, tf.int32),
-        group_key=table.base_key + self.group_index(table),
+        group_key=(tf.constant(table.base_key, tf.int32) if not table.strides
+                   else table.base_key + self.group_index(table)),
         instance_key=tf.constant(next_instance_key(), tf.int32),
         ordering_token=[ctx.token],
+        communication_hint=self.communication_hint,
         # 0: no per-op timer thread; the watchdog handles timeouts.
         timeout_seconds=0.0)
 
@@ -564,24 +641,39 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
                                                    source_pcoord)])
 
   def _allreduce_slice(self, t, mesh_axes, reduction_fn_string):
-    _, args = self._collective_args(mesh_axes)
+    _, args = self._collective_args(mesh_axes, "allreduce",
+                                    reduction_fn_string)
     return simd_collectives.all_reduce(t, reduction_fn_string, args)
 
   def _allconcat_slice(self, t, mesh_axis, concat_axis):
-    table, args = self._collective_args([mesh_axis])
+    table, args = self._collective_args([mesh_axis], "allconcat")
     return simd_collectives.all_concat(t, concat_axis, table,
                                        self.group_index(table), args)
 
   def _alltoall_slice(self, t, mesh_axis, split_axis, concat_axis):
-    table, args = self._collective_args([mesh_axis])
+    table, args = self._collective_args([mesh_axis], "alltoall")
     return simd_collectives.all_to_all(t, split_axis, concat_axis, table,
                                        self.group_index(table), args)
 
   def _permute_slice(self, t, mesh_axis, source_pcoord):
     # Built on all-to-all: TF has no collective permute kernel for CPU/GPU.
-    table, args = self._collective_args([mesh_axis])
+    table, args = self._collective_args([mesh_axis], "permute")
     return simd_collectives.permute(t, source_pcoord, self.pcoord(mesh_axis),
                                     table, self.group_index(table), args)
+
+
+def _not_collective(node_def):
+  return node_def.op not in simd_collectives.COLLECTIVE_OPS
+
+
+def _jit_scope(on):
+  """Marks the ops made in the body for XLA, all but the collectives (TF's
+  clustering then compiles the compute between them; TF 2.21 cannot compile
+  CollectiveGatherV2 / AllToAllV2 at all, nor any collective on CPU)."""
+  if not on:
+    return contextlib.nullcontext()
+  return tf.xla.experimental.jit_scope(compile_ops=_not_collective,
+                                       separate_compiled_gradients=False)
 
 
 def _default_outputs(lowering, operations):

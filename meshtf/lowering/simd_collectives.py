@@ -5,6 +5,11 @@ TensorFlow orders a group's members ("ranks") by device name; when that
 differs from the processors' positions along the mesh axis, results are
 reordered with small constant tables indexed by the group index.
 
+Which implementation TensorFlow uses for a collective is the ops'
+communication_hint: "nccl" (NCCL's kernels, GPUs only), "ring" (TF's own
+ring, any device) or "auto" (TF chooses: ring on CPU). A SimdMeshImpl
+decides it once from its devices (default_communication_hint) unless told.
+
 Example (inside a SimdMeshImpl program):
   >>> y = all_reduce(x, "SUM", args)   # args: group_size, group_key, ...
 """
@@ -18,6 +23,119 @@ GroupTable = collections.namedtuple(
 
 _MERGE = {"SUM": "Add", "MAX": "Max", "MIN": "Min"}
 _WIRE_DTYPES = (tf.float32, tf.float64, tf.int32, tf.int64)
+
+COMMUNICATION_HINTS = ("auto", "ring", "nccl")
+# jit_compile modes of the per-device program: "segments" = XLA clusters of
+# everything but the collectives; "program" = the whole program as one XLA
+# computation (tf.function(jit_compile=True)).
+JIT_MODES = ("segments", "program")
+COLLECTIVE_OPS = frozenset(["CollectiveReduceV2", "CollectiveGatherV2",
+                            "CollectiveAllToAllV2"])
+_TF_OP = {"allreduce": "CollectiveReduceV2", "allconcat": "CollectiveGatherV2",
+          "alltoall": "CollectiveAllToAllV2", "permute": "CollectiveAllToAllV2"}
+
+
+def device_type(name):
+  """The device type of a TF device name, upper case ("GPU", "CPU", ...).
+
+  Example:
+    >>> device_type("/job:localhost/replica:0/task:0/device:GPU:1")
+    'GPU'
+    >>> device_type("/gpu:0")
+    'GPU'
+  """
+  last = name.rstrip("/").split("/")[-1]
+  if last.lower().startswith("device:"):
+    last = last[len("device:"):]
+  return last.split(":")[0].upper()
+
+
+def default_communication_hint(devices):
+  """"nccl" when every device is a GPU (NCCL moves the data over the
+  GPUs' links), else "auto" (NCCL cannot serve a CPU; TF picks its ring).
+
+  Example:
+    >>> default_communication_hint(["/gpu:0", "/gpu:1"])
+    'nccl'
+    >>> default_communication_hint(["/cpu:0", "/gpu:0"])
+    'auto'
+  """
+  types = {device_type(d) for d in devices}
+  return "nccl" if types == {"GPU"} else "auto"
+
+
+def check_communication_hint(hint, where):
+  """hint itself if valid (None: not given); else ValueError with the fix.
+
+  Example:
+    >>> check_communication_hint("nccl", "SimdMeshImpl")
+    'nccl'
+  """
+  if hint is None or hint in COMMUNICATION_HINTS:
+    return hint
+  raise ValueError("%s: communication_hint=%r is not one of %s: pass 'nccl' "
+                   "for GPU meshes, 'auto' otherwise, or None to choose from "
+                   "the devices" % (where, hint,
+                                    ", ".join(COMMUNICATION_HINTS)))
+
+
+def check_jit_compile(jit_compile, where):
+  """The jit mode: "" (off) for False, "program" for True, the mode for
+  "segments" / "program", None for None (not given); else ValueError.
+
+  Example:
+    >>> check_jit_compile(True, "MeshFunction")
+    'program'
+  """
+  if jit_compile is None:
+    return None
+  if jit_compile is False or jit_compile == "":
+    return ""
+  if jit_compile is True:
+    return "program"
+  if jit_compile in JIT_MODES:
+    return jit_compile
+  raise ValueError("%s: jit_compile=%r is not one of False, True, %s: pass "
+                   "jit_compile='segments' (XLA between the collectives) or "
+                   "'program' (the whole per-device program)"
+                   % (where, jit_compile,
+                      ", ".join(repr(m) for m in JIT_MODES)))
+
+
+def xla_program_refusal(kind, reduction, whole_mesh, devices, hint="auto"):
+  """Why TF 2.21 cannot compile this collective inside a jit_compile=True
+  program, or None where its XLA lowering may (untested on GPU here).
+
+  TF 2.21's tf2xla lowers only CollectiveReduceV2, with Add/Mul, hint
+  "nccl" or "auto", a compile-time constant group key (a group spanning
+  the whole mesh; a group over some axes takes its key from the processor
+  number) and not on CPU (measured: "Collectives are not yet implemented
+  for CPU devices when compiling with XLA", b/194942685). Gather and
+  all-to-all have no XLA kernel ("No registered 'CollectiveGatherV2'
+  OpKernel for XLA_CPU_JIT").
+
+  Example:
+    >>> xla_program_refusal("allreduce", "SUM", True, ["/gpu:0", "/gpu:1"])
+    >>> xla_program_refusal("allconcat", None, True, ["/gpu:0", "/gpu:1"])
+    'TF 2.21 has no XLA kernel for CollectiveGatherV2'
+  """
+  if any(device_type(d) != "GPU" for d in devices):
+    return ("TF 2.21's XLA does not compile collectives on %s devices "
+            "('Collectives are not yet implemented for CPU devices when "
+            "compiling with XLA')" % "/".join(sorted(
+                {device_type(d) for d in devices} - {"GPU"})))
+  if kind != "allreduce":
+    return "TF 2.21 has no XLA kernel for %s" % _TF_OP[kind]
+  if reduction != "SUM":
+    return ("TF 2.21's XLA lowering of CollectiveReduceV2 takes Add and Mul "
+            "only, not %s" % reduction)
+  if hint not in ("nccl", "auto"):
+    return ("TF 2.21's XLA lowering of CollectiveReduceV2 takes the hints "
+            "nccl and auto only, not %s" % hint)
+  if not whole_mesh:
+    return ("XLA needs a compile-time constant group key, and a group over "
+            "some of the mesh axes takes its key from the processor number")
+  return None
 
 
 def _to_wire(t):

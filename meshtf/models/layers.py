@@ -163,10 +163,21 @@ def get_dense_kernel_weights(x, new_dims, reduced_dims, expert_dims,
 
 
 # --- normalization -----------------------------------------------------------
+_HALF = (tf.bfloat16, tf.float16)
+
+
 def _norm_variable(x, scope, suffix, dim, initializer):
-  v = mtf.get_variable(x.mesh, scope + "/" + suffix, mtf.Shape([dim]),
-                       dtype=x.dtype, initializer=initializer)
-  return v
+  # 16-bit activations keep a float32 variable returned in x's dtype (Mesh
+  # TF's float32 master with activation_dtype=x.dtype).
+  dtype = (dtypes.VariableDType(tf.float32, activation_dtype=x.dtype)
+           if x.dtype in _HALF else x.dtype)
+  return mtf.get_variable(x.mesh, scope + "/" + suffix, mtf.Shape([dim]),
+                          dtype=dtype, initializer=initializer)
+
+
+def _float32(x):
+  """x in float32 if it is 16-bit (statistics in 16 bits lose too much)."""
+  return mtf.cast(x, tf.float32) if x.dtype in _HALF else x
 
 
 def layer_norm(x, dim, epsilon=1e-6, name="layer_prepostprocess"):
@@ -186,10 +197,13 @@ def layer_norm(x, dim, epsilon=1e-6, name="layer_prepostprocess"):
                          mtf.ones_initializer())
   bias = _norm_variable(x, scope, "layer_norm_bias", dim,
                         mtf.zeros_initializer())
-  mean = mtf.reduce_mean(x, reduced_dim=dim)
-  centered = x - mean
+  xf = _float32(x)   # moments in float32 for 16-bit x, as is standard
+  mean = mtf.reduce_mean(xf, reduced_dim=dim)
+  centered = xf - mean
   variance = mtf.reduce_mean(mtf.square(centered), reduced_dim=dim)
   norm_x = centered * mtf.rsqrt(variance + epsilon)
+  if norm_x.dtype != x.dtype:
+    norm_x = mtf.cast(norm_x, x.dtype)
   return mtf.add(norm_x * scale, bias, output_shape=x.shape)
 
 
@@ -207,9 +221,12 @@ def rms_norm(x, dim, epsilon=1e-6, name="rms_norm"):
   scope = _scope(x.mesh, name, "rms_norm")
   scale = _norm_variable(x, scope, "rms_norm_scale", dim,
                          mtf.ones_initializer())
-  variance = mtf.reduce_mean(mtf.square(x), reduced_dim=dim)
-  return mtf.multiply(x * mtf.rsqrt(variance + epsilon), scale,
-                      output_shape=x.shape)
+  xf = _float32(x)   # the mean square in float32 for 16-bit x
+  variance = mtf.reduce_mean(mtf.square(xf), reduced_dim=dim)
+  norm_x = xf * mtf.rsqrt(variance + epsilon)
+  if norm_x.dtype != x.dtype:
+    norm_x = mtf.cast(norm_x, x.dtype)
+  return mtf.multiply(norm_x, scale, output_shape=x.shape)
 
 
 # --- embedding and loss ------------------------------------------------------
@@ -348,12 +365,15 @@ def dot_product_attention(q, k, v, mask, is_training=None, dropout=0.0,
   """
   length_kv = k.shape.dims[-2]
   logits_shape = mtf.Shape(q.shape.dims[:-1] + [length_kv])
-  logits = mtf.einsum([q, k], output_shape=logits_shape)
+  logits = _float32(mtf.einsum([q, k], output_shape=logits_shape))
   if mask is not None:
     if mask.dtype != logits.dtype:
       mask = mtf.cast(mask, logits.dtype)
     logits = mtf.add(logits, mask, output_shape=logits_shape)
+  # The softmax in float32 for 16-bit inputs; its weights back in v's dtype.
   weights = mtf.softmax(logits, length_kv, extra_logit=extra_logit)
+  if weights.dtype != v.dtype:
+    weights = mtf.cast(weights, v.dtype)
   if is_training is False:   # Mesh TF's flag: no dropout outside training
     dropout = 0.0
   weights = _dropout(weights, dropout, dropout_broadcast_dims,

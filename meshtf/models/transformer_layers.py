@@ -483,11 +483,15 @@ def attention(q, k, v, memory_length_dim, kv_dim, mask=None, dropout_rate=0.0,
   logits_shape = mtf.Shape([d for d in q.shape.dims if d.name != kv_dim.name]
                            + [memory_length_dim])
   logits = mtf.einsum([q, k], output_shape=logits_shape)
+  if logits.dtype in (tf.bfloat16, tf.float16):
+    logits = mtf.cast(logits, tf.float32)  # the softmax's sums in float32
   if mask is not None:
     if mask.dtype != logits.dtype:
       mask = mtf.cast(mask, logits.dtype)
     logits = mtf.add(logits, mask, output_shape=logits_shape)
   weights = mtf.softmax(logits, memory_length_dim)
+  if weights.dtype != v.dtype:
+    weights = mtf.cast(weights, v.dtype)
   if dropout_rate and context is not None:
     weights = dropout(weights, context, dropout_rate, name=name + "/dropout")
   return mtf.einsum([weights, v], output_shape=q.shape)

@@ -28,6 +28,9 @@ import ml_collections
 
 MODEL_TYPES = ("lm", "bitransformer")
 BACKENDS = ("placement", "simd")
+ACTIVATION_DTYPES = ("float32", "bfloat16")
+JIT_COMPILE = ("", "segments", "program")
+COMMUNICATION_HINTS = ("", "auto", "ring", "nccl")
 OPTIMIZERS = ("adam", "adafactor", "sgd", "momentum")
 SCHEDULES = ("constant", "rsqrt", "linear")
 GATINGS = ("top_2", "switch")
@@ -130,6 +133,15 @@ def default_config():
   c.activation_layout = ""     # activation annotations (GSPMD 2D finalized:
   #                              "batch:x;d_model:y;d_ff:y;heads:y"); "": none
   c.backend = "simd"           # simd (one SPMD program) or placement
+  c.activation_dtype = "float32"  # float32 | bfloat16: what the model
+  #                              computes in; variables stay float32
+  c.jit_compile = ""           # simd's XLA: "" (off) | segments (the ops
+  #                              between collectives) | program (the whole
+  #                              per-device program; 1 processor, or GPUs
+  #                              with data parallelism only)
+  c.communication_hint = ""    # simd's collectives: "" (nccl when the
+  #                              devices are GPUs, else auto) | auto |
+  #                              ring | nccl
   c.num_virtual_cpus = 0       # 0: as many as the mesh has processors
 
   # --- training ---------------------------------------------------------------
@@ -310,6 +322,19 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
        ": set --config.dropout_rate=0.1, say" % config.dropout_rate)
   need(config.backend in BACKENDS, "backend=%r is unknown: use --backend="
        "simd or --backend=placement" % config.backend)
+  need(config.activation_dtype in ACTIVATION_DTYPES, "activation_dtype=%r "
+       "is unknown: use --config.activation_dtype=float32 or bfloat16"
+       % config.activation_dtype)
+  need(config.jit_compile in JIT_COMPILE, "jit_compile=%r is unknown: use "
+       "--config.jit_compile=segments, program or '' (off)"
+       % config.jit_compile)
+  need(config.communication_hint in COMMUNICATION_HINTS, "communication_hint"
+       "=%r is unknown: use --config.communication_hint=nccl, ring, auto or "
+       "'' (from the devices)" % config.communication_hint)
+  need(config.backend == "simd" or not (config.jit_compile or
+                                         config.communication_hint),
+       "jit_compile / communication_hint need the SPMD backend: set "
+       "--backend=simd, or leave them ''")
   need(config.optimizer in OPTIMIZERS, "optimizer=%r is unknown: use "
        "--config.optimizer=%s" % (config.optimizer, " | ".join(OPTIMIZERS)))
   need(config.schedule in SCHEDULES, "schedule=%r is unknown: use "

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 import meshtf as mtf
 from meshtf.lowering import lowering as lowering_lib
+from meshtf.models import dtypes
 from meshtf.models import layers
 from meshtf.models import moe as moe_lib
 from meshtf.models import optimize
@@ -162,7 +163,20 @@ def feature_names(config):
   return names
 
 
-def loss_fn(model, sink, mode="train", rows=None, batch_size=None):
+def variable_dtype(config):
+  """The config's VariableDType: float32 variables, activations in
+  config.activation_dtype.
+
+  Example:
+    >>> variable_dtype(config).activation_dtype.name
+    'bfloat16'
+  """
+  return dtypes.VariableDType(tf.float32, tf.float32, tf.as_dtype(
+      config.get("activation_dtype", "float32")))
+
+
+def loss_fn(model, sink, mode="train", rows=None, batch_size=None,
+            variable_dtype=None):
   """TrainStep loss function: (mesh, tf features, step) -> (loss, metrics)
   with the MoE metrics added. With rows, the features hold only those rows
   of a batch of batch_size (a worker's share)."""
@@ -171,7 +185,7 @@ def loss_fn(model, sink, mode="train", rows=None, batch_size=None):
     _, loss, metrics = transformer.compute_logits_loss_metrics(
         model, transformer.import_features(mesh, features, rows=rows,
                                            batch_size=batch_size),
-        mode, step)
+        mode, step, variable_dtype)
     metrics = dict(metrics)
     metrics.update(sink.summary())
     sink.clear()
@@ -216,7 +230,8 @@ def build_training_graph(config, mesh_layout=None):
       tf.float32 if name.endswith("_weights") else tf.int32))
               for name in feature_names(config)}
   step, _ = optimize.get_global_step(mesh)
-  loss, _ = loss_fn(model, sink)(mesh, features, step)
+  loss, _ = loss_fn(model, sink, variable_dtype=variable_dtype(config))(
+      mesh, features, step)
   variables = [v.outputs[0] for v in graph.trainable_variables]
   grads = optimize.in_variable_layouts(mtf.gradients([loss], variables),
                                        variables)
@@ -354,9 +369,12 @@ def _check_vocab(config, data_vocab_size):
 # --- mesh ---------------------------------------------------------------------
 def make_mesh_impl(config, mesh_layout, devices):
   """The config's MeshImpl (config.backend) for mesh_layout on devices."""
-  cls = mtf.SimdMeshImpl if config.backend == "simd" else \
-      mtf.PlacementMeshImpl
-  return cls(mesh_layout, None, devices)
+  if config.backend != "simd":
+    return mtf.PlacementMeshImpl(mesh_layout, None, devices)
+  return mtf.SimdMeshImpl(
+      mesh_layout, None, devices,
+      communication_hint=config.get("communication_hint") or None,
+      jit_compile=config.get("jit_compile") or False)
 
 
 def per_example_loss(model, features, mode="eval"):

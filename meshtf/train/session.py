@@ -69,8 +69,9 @@ class Session(object):
   # -- evaluation ----------------------------------------------------------
   def eval_fn(self):
     if self._eval_fn is None:
+      vdt = self.experiment.variable_dtype(self.config)
       loss_fn = self.experiment.loss_fn(self.model, self.sink, mode="eval",
-                                        **self.row_args())
+                                        variable_dtype=vdt, **self.row_args())
 
       def build(mesh, features):
         _, metrics = loss_fn(mesh, features)

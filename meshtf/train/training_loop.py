@@ -53,7 +53,9 @@ def train(session, progress=None):
   if chief:
     _truncate_metrics(model_dir, start_step)
   step_fn = training.TrainStep(
-      experiment.loss_fn(session.model, session.sink, **session.row_args()),
+      experiment.loss_fn(session.model, session.sink,
+                         variable_dtype=experiment.variable_dtype(config),
+                         **session.row_args()),
       session.impl, experiment.make_optimizer(config),
       variable_store=session.store, seed=config.seed,
       clip_gradient_norm=config.clip_gradient_norm or None,

@@ -110,6 +110,13 @@ def test_unknown_keys_are_named_with_a_suggestion():
     ({"moe.layers": "1,7"}, ["names layers [7]", "layers 0..1"]),
     ({"backend": "gpu"}, ["backend='gpu'", "--backend=simd"]),
     ({"task.problem": "sort"}, ["task.problem='sort'", "copy, reverse"]),
+    ({"activation_dtype": "float16"},
+     ["activation_dtype='float16'", "float32 or bfloat16"]),
+    ({"jit_compile": "yes"}, ["jit_compile='yes'", "segments, program"]),
+    ({"communication_hint": "gloo"},
+     ["communication_hint='gloo'", "--config.communication_hint=nccl"]),
+    ({"backend": "placement", "jit_compile": "segments"},
+     ["need the SPMD backend", "--backend=simd"]),
 ])
 def test_bad_values_give_one_line_with_the_fix(changes, expected):
   c = config_lib.default_config()
@@ -233,3 +240,27 @@ def test_model_builder_matches_the_config():
   names = [l.name for l in model.layer_stack.layers]
   assert names == ["SelfAttention", "DenseReluDense", "SelfAttention", "MoE",
                    "SelfAttention", "DenseReluDense", "SelfAttention", "MoE"]
+
+
+def test_gpu_path_fields_reach_the_mesh_impl_and_the_model_dtype():
+  import tensorflow as tf
+  c = config_lib.default_config()
+  assert (c.activation_dtype, c.jit_compile, c.communication_hint) == (
+      "float32", "", "")
+  c.activation_dtype, c.jit_compile, c.communication_hint = (
+      "bfloat16", "segments", "ring")
+  config_lib.validate(c)
+  vdt = experiment.variable_dtype(c)
+  assert (vdt.slice_dtype, vdt.activation_dtype) == (tf.float32, tf.bfloat16)
+  names = ["/job:localhost/replica:0/task:0/device:CPU:%d" % i
+           for i in range(8)]
+  impl = experiment.make_mesh_impl(c, config_lib.mesh_layout(c), names)
+  assert (impl.jit_compile, impl.communication_hint) == ("segments", "ring")
+  c.jit_compile, c.communication_hint = "", ""
+  impl = experiment.make_mesh_impl(c, config_lib.mesh_layout(c), names)
+  assert (impl.jit_compile, impl.communication_hint) == ("", "auto")
+  # The symbolic training graph (plan mode's) computes in bfloat16 too.
+  graph, _ = experiment.build_training_graph(
+      c, config_lib.mesh_layout(c))
+  assert any(t.dtype == tf.bfloat16 for op in graph.operations
+             for t in op.outputs)
