@@ -243,7 +243,8 @@ def build_step(args, mesh_shape, layout, devices, jit):
                              tf.as_dtype(args.activation_dtype))
   impl = mtf.SimdMeshImpl(mesh_shape, layout, devices)
   opt = {"adafactor": lambda: optimize.AdafactorOptimizer(),
-         "adam": lambda: optimize.AdamWeightDecayOptimizer(1e-4),
+         "adam": lambda: optimize.AdamWeightDecayOptimizer(
+             1e-4, bias_correction=True),
          "sgd": lambda: optimize.SgdOptimizer(1e-3)}[args.optimizer]()
   return mtf.training.TrainStep(
       transformer.loss_fn(lm, variable_dtype=vdt), impl, opt,

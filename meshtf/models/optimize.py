@@ -98,13 +98,16 @@ def _pow(base, exponent):
   return base ** exponent
 
 
-def reduce_rms(x):
-  """Root mean square of all elements of x (a scalar Tensor).
+def reduce_rms(x, **kwargs):
+  """Root mean square of x's elements: a scalar Tensor, or, with
+  reduce_mean's output_shape= / reduced_dim=, one per remaining position.
 
   Example:
     >>> scale = reduce_rms(w)     # allreduced over w's split mesh axes
+    >>> per_expert = reduce_rms(w, output_shape="experts:8")
   """
-  return elementwise.sqrt(reductions.reduce_mean(elementwise.square(x)))
+  return elementwise.sqrt(reductions.reduce_mean(elementwise.square(x),
+                                                 **kwargs))
 
 
 # --- global step --------------------------------------------------------------
@@ -366,12 +369,12 @@ class MomentumOptimizer(Optimizer):
 
 class AdamWeightDecayOptimizer(Optimizer):
   """Adam with decoupled weight decay (AdamW), as Mesh TensorFlow / BERT,
-  plus optional bias correction.
+  plus meshtf's optional bias correction (off by default, as Mesh TF).
 
     m = beta_1 m + (1 - beta_1) g;   v = beta_2 v + (1 - beta_2) g^2
-    with bias_correction (t = step + 1):
+    by default m_hat = m, v_hat = v (Mesh TensorFlow's update); with
+    bias_correction=True (t = step + 1):
       m_hat = m / (1 - beta_1^t),  v_hat = v / (1 - beta_2^t)
-    else m_hat = m, v_hat = v (Mesh TensorFlow's behaviour)
     var -= learning_rate * (m_hat / (sqrt(v_hat) + epsilon)
                             + weight_decay_rate * var)
 
@@ -381,13 +384,14 @@ class AdamWeightDecayOptimizer(Optimizer):
 
   Example:
     >>> opt = AdamWeightDecayOptimizer(1e-3, weight_decay_rate=0.01,
-    ...                                exclude_from_weight_decay=["bias"])
+    ...                                exclude_from_weight_decay=["bias"],
+    ...                                bias_correction=True)
     >>> ops = opt.apply_grads(grads, [w, b])
   """
 
   def __init__(self, learning_rate, weight_decay_rate=0.0, beta_1=0.9,
                beta_2=0.999, epsilon=1e-6, exclude_from_weight_decay=None,
-               bias_correction=True):
+               bias_correction=False):
     self.learning_rate = learning_rate
     self.weight_decay_rate = weight_decay_rate
     self.beta_1 = beta_1
@@ -447,31 +451,38 @@ class AdafactorOptimizer(Optimizer):
   clipping_threshold, scaled by max(rms(var), epsilon2) when
   multiply_by_parameter_scale, and, with beta1 > 0, averaged in '<var>/slot_m'.
 
-  Dims named in not_factored (default: "experts") are never factored: a
-  stack of independent weights (an MoE layer's experts) gets one pair of
-  accumulators per member, and the accumulators keep the stack's split
-  (factoring over 2,048 experts instead would average the experts'
+  Dims named in stacked_dim_names (Mesh TF's option) are never factored
+  nor reduced over: a stack of independent weights gets one pair of
+  accumulators and one parameter scale per member. Dims named in
+  not_factored (meshtf's; default: "experts") are only never factored: an
+  MoE layer's experts get their own accumulators, which keep the experts'
+  split (factoring over 2,048 experts instead would average the experts'
   statistics together and replicate a [d_model, hidden] accumulator on
-  every device; the plan report found it).
+  every device; the plan report found it), and share one parameter scale.
+  Variables whose name contains a string in exclude_from_parameter_scale
+  are updated at learning_rate, not scaled by their RMS.
 
   Defaults depend on the step s (updates already applied):
   decay_rate = 1 - (s + 1)^-0.8, learning_rate = min(0.01, 1/sqrt(s + 1))
-  (times 0.05 without parameter scale, as in Mesh TensorFlow).
+  (times 0.05 without parameter scale unless the unit-scaling convention
+  is on when the optimizer is made, as in Mesh TensorFlow).
 
   Example:
-    >>> opt = AdafactorOptimizer(beta1=0.9)
+    >>> opt = AdafactorOptimizer(beta1=0.9, stacked_dim_names=["layers"],
+    ...                          exclude_from_parameter_scale=["bias"])
     >>> ops = opt.apply_grads(grads, graph_variables)
   """
 
   def __init__(self, multiply_by_parameter_scale=True, learning_rate=None,
                decay_rate=None, beta1=0.0, clipping_threshold=1.0,
                factored=True, epsilon1=1e-30, epsilon2=1e-3,
-               min_dim_size_to_factor=128, not_factored=("experts",)):
+               min_dim_size_to_factor=128, stacked_dim_names=None,
+               exclude_from_parameter_scale=None, not_factored=("experts",)):
     self._multiply_by_parameter_scale = multiply_by_parameter_scale
     if learning_rate is None:
       learning_rate = self._learning_rate_default(multiply_by_parameter_scale)
     self._learning_rate = learning_rate
-    self._decay_rate = (adafactor_decay_rate_pow(0.8) if decay_rate is None
+    self._decay_rate = (adafactor_decay_rate_pow() if decay_rate is None
                         else decay_rate)
     self._beta1 = beta1
     self._clipping_threshold = clipping_threshold
@@ -479,16 +490,24 @@ class AdafactorOptimizer(Optimizer):
     self._epsilon1 = epsilon1
     self._epsilon2 = epsilon2
     self._min_dim_size_to_factor = min_dim_size_to_factor
-    self._not_factored = frozenset(not_factored or ())
+    self._stacked_dim_names = list(stacked_dim_names or ())
+    self._exclude_from_parameter_scale = list(
+        exclude_from_parameter_scale or ())
+    self._not_factored = (frozenset(not_factored or ())
+                          | frozenset(self._stacked_dim_names))
 
   @staticmethod
   def _learning_rate_default(multiply_by_parameter_scale):
-    scale = 1.0 if multiply_by_parameter_scale else 0.05
+    # Lazy: mesh_tf_layers imports meshtf's top level.
+    from meshtf.models import mesh_tf_layers  # pylint: disable=g-import-not-at-top
+    # As Mesh TF: no 0.05 under the unit-scaling convention (read here).
+    scale = (1.0 if multiply_by_parameter_scale
+             or mesh_tf_layers.unit_scaling_convention() else 0.05)
     return lambda step: _minimum(_rsqrt(step + 1.0), 0.01) * scale
 
   def _factored_dims(self, shape):
-    """The two largest dims (not in not_factored) if both are >=
-    min_dim_size_to_factor, else None."""
+    """The two largest dims (not in not_factored or stacked_dim_names) if
+    both are >= min_dim_size_to_factor, else None."""
     dims = [d for d in shape.dims if d.name not in self._not_factored]
     if not self._factored or len(dims) < 2:
       return None
@@ -498,8 +517,16 @@ class AdafactorOptimizer(Optimizer):
     return sorted_dims[:2]
 
   def _parameter_scale(self, value):
-    # The floor lets zero-initialised parameters move at all.
-    return elementwise.maximum(reduce_rms(value), self._epsilon2)
+    """max(rms(value), epsilon2), one per member of the stacked dims. The
+    floor lets zero-initialised parameters move at all."""
+    stacked = [d for d in value.shape.dims
+               if d.name in self._stacked_dim_names]
+    return elementwise.maximum(reduce_rms(value, output_shape=stacked),
+                               self._epsilon2)
+
+  def _scales_by_parameter(self, var):
+    return self._multiply_by_parameter_scale and not any(
+        s in var.name for s in self._exclude_from_parameter_scale)
 
   def _update(self, grad, var, value):
     mesh, dtype = var.mesh, grad.dtype
@@ -533,7 +560,7 @@ class AdafactorOptimizer(Optimizer):
       x = x / elementwise.maximum(
           reduce_rms(x) * (1.0 / self._clipping_threshold), 1.0)
     update_scale = learning_rate
-    if self._multiply_by_parameter_scale:
+    if self._scales_by_parameter(var):
       update_scale = self._parameter_scale(value) * learning_rate
     subtrahend = x * update_scale
     if self._beta1:
@@ -545,20 +572,25 @@ class AdafactorOptimizer(Optimizer):
     return updates
 
 
-def adafactor_decay_rate_pow(exponent):
-  """Decay rate 1 - (step + 1)^-exponent: memory grows as step^exponent.
-  Returns a function of the step, for AdafactorOptimizer(decay_rate=...).
+def adafactor_decay_rate_pow(exponent=0.8, offset=0):
+  """Decay rate 1 - (step - offset + 1)^-exponent: memory grows as
+  step^exponent. For fine-tuning, offset is the fine-tuning's first step.
+  Returns a function of the step, for AdafactorOptimizer(decay_rate=...)
+  (Mesh TF returned the value at its TF1 global step).
 
   Example:
-    >>> adafactor_decay_rate_pow(0.8)(0.0)
+    >>> adafactor_decay_rate_pow()(0.0)
     0.0
+    >>> opt = AdafactorOptimizer(decay_rate=adafactor_decay_rate_pow(
+    ...     offset=10000))
   """
-  return lambda step: 1.0 - _pow(step_num(step) + 1.0, -exponent)
+  return lambda step: 1.0 - _pow(step_num(step) - offset + 1.0, -exponent)
 
 
 def adafactor_decay_rate_adam(beta2):
   """Adam-like decay rate beta2 (1 - beta2^(t-1)) / (1 - beta2^t), t = step
-  + 1: folds Adam's bias correction into the decay. A function of the step.
+  + 1: folds Adam's bias correction into the decay. A function of the step
+  (Mesh TF returned the value at its TF1 global step).
 
   Example:
     >>> opt = AdafactorOptimizer(decay_rate=adafactor_decay_rate_adam(0.999))

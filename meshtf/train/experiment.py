@@ -199,7 +199,7 @@ def make_optimizer(config):
   if config.optimizer == "adam":
     return optimize.AdamWeightDecayOptimizer(
         schedule, weight_decay_rate=config.weight_decay_rate,
-        exclude_from_weight_decay=["norm", "bias"])
+        exclude_from_weight_decay=["norm", "bias"], bias_correction=True)
   if config.optimizer == "momentum":
     return optimize.MomentumOptimizer(schedule, config.momentum)
   return optimize.make_optimizer(config.optimizer, schedule)

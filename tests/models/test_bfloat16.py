@@ -24,7 +24,8 @@ def _train(vdt, mesh_shape, layout):
       max_length=8, vocab_divisor=8, norm_type="layer_norm")
   impl = harness.make_impl("simd", mesh_shape, layout)
   step = training.TrainStep(transformer.loss_fn(lm, variable_dtype=vdt),
-                            impl, optimize.AdamWeightDecayOptimizer(0.01))
+                            impl, optimize.AdamWeightDecayOptimizer(
+                                0.01, bias_correction=True))
   ids = np.random.RandomState(0).randint(1, 32, size=[8, 8]).astype(np.int32)
   losses = [float(step({"targets": ids})["loss"]) for _ in range(STEPS)]
   stored = {v.name: v.outputs[0].dtype for v in step.graph.all_variables

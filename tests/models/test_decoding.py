@@ -427,7 +427,8 @@ def test_trained_lm_decodes_the_copy():
   train = training.TrainStep(
       transformer.loss_fn(lm), harness.make_impl("placement", "all:1", ""),
       optimize.AdamWeightDecayOptimizer(optimize.warmup_then_decay(
-          3e-2, 20, "constant")), clip_gradient_norm=1.0)
+          3e-2, 20, "constant"), bias_correction=True),
+      clip_gradient_norm=1.0)
   rs = np.random.RandomState(0)
   history = []
   for _ in range(200):

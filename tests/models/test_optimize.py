@@ -112,7 +112,7 @@ def momentum_ref(lr, mu):
 
 
 def adam_ref(lr, wd=0.0, b1=0.9, b2=0.999, eps=1e-6, exclude=(),
-             bias_correction=True):
+             bias_correction=False):
   def update(n, p, g, s, step):
     s["m"] = b1 * s.get("m", 0.0) + (1 - b1) * g
     s["v"] = b2 * s.get("v", 0.0) + (1 - b2) * g * g
@@ -127,7 +127,10 @@ def adam_ref(lr, wd=0.0, b1=0.9, b2=0.999, eps=1e-6, exclude=(),
 
 
 def adafactor_ref(lr=None, decay=None, beta1=0.0, clip=1.0, scale=True,
-                  factor_w=False, eps1=1e-30, eps2=1e-3):
+                  factor_w=False, eps1=1e-30, eps2=1e-3, stacked=None,
+                  exclude=()):
+  """stacked: {name: its axes in stacked_dim_names} (one parameter scale per
+  index on them); exclude: names updated without parameter scale."""
   def update(n, p, g, s, step):
     d = 1 - (step + 1.0) ** -0.8 if decay is None else decay(step)
     if lr is None:
@@ -146,7 +149,13 @@ def adafactor_ref(lr=None, decay=None, beta1=0.0, clip=1.0, scale=True,
       x = g / np.sqrt(s["v"])
     if clip is not None:
       x = x / max(1.0, rms(x) / clip)
-    sub = x * (max(rms(p), eps2) * rate if scale else rate)
+    if not scale or n in exclude:
+      sub = x * rate
+    else:
+      keep = (stacked or {}).get(n, ())
+      axes = tuple(a for a in range(p.ndim) if a not in keep)
+      per_member = np.sqrt(np.mean(np.square(p), axis=axes, keepdims=True))
+      sub = x * np.maximum(per_member, eps2) * rate
     if beta1:
       s["m"] = beta1 * s.get("m", 0.0) + (1 - beta1) * sub
       sub = s["m"]
@@ -160,19 +169,28 @@ CASES = {
     "momentum": (lambda: optimize.MomentumOptimizer(0.1, 0.9),
                  momentum_ref(0.1, 0.9)),
     "adam": (lambda: optimize.AdamWeightDecayOptimizer(
-        0.01, weight_decay_rate=0.1, exclude_from_weight_decay=["^b$"]),
-             adam_ref(0.01, wd=0.1, exclude=("b",))),
+        0.01, weight_decay_rate=0.1, exclude_from_weight_decay=["^b$"],
+        bias_correction=True),
+             adam_ref(0.01, wd=0.1, exclude=("b",), bias_correction=True)),
     "adafactor_factored_beta1": (
         lambda: optimize.AdafactorOptimizer(beta1=0.5,
                                             min_dim_size_to_factor=8),
         adafactor_ref(beta1=0.5, factor_w=True)),
     "adafactor_default": (lambda: optimize.AdafactorOptimizer(),
                           adafactor_ref()),
+    # Mesh TF's stacked_dim_names: w (big enough to factor at 8) is neither
+    # factored nor given one scale: one per io row. b: no parameter scale.
+    "adafactor_stacked_excluded": (
+        lambda: optimize.AdafactorOptimizer(
+            min_dim_size_to_factor=8, stacked_dim_names=["io"],
+            exclude_from_parameter_scale=["b"]),
+        adafactor_ref(stacked={"w": (0,)}, exclude=("b",))),
 }
 # Single-device only: variants of the rules above.
 SINGLE_DEVICE_CASES = {
-    "adam_no_bias_correction": (
-        lambda: optimize.AdamWeightDecayOptimizer(0.01, bias_correction=False),
+    # Mesh TF's AdamWeightDecayOptimizer: no bias correction (the default).
+    "adam_mesh_tf_default": (
+        lambda: optimize.AdamWeightDecayOptimizer(0.01),
         adam_ref(0.01, bias_correction=False)),
     "adafactor_no_scale_adam_decay": (
         lambda: optimize.AdafactorOptimizer(
@@ -221,6 +239,16 @@ MULTI_LR_CASES = {
             variable_search=["^w$"], alt_lr_schedules=[[0.02, _warm]],
             train_steps=4, learning_rate=0.01),
         by_name(w=adam_ref(lambda s: 0.02 * (s + 1.0) / 4), b=adam_ref(0.01))),
+    "adafactor_multi_lr_stacked": (   # passes Adafactor's options through
+        lambda: optimize.AdafactorWithMultiLRSchedule(
+            variable_search=["^b$"], alt_lr_schedules=[[0.002, _warm]],
+            train_steps=8, learning_rate=0.01, decay_rate=0.9,
+            stacked_dim_names=["hidden"], exclude_from_parameter_scale=["w"],
+            min_dim_size_to_factor=8),
+        by_name(w=adafactor_ref(lr=lambda s: 0.01, decay=lambda s: 0.9,
+                                exclude=("w",)),
+                b=adafactor_ref(lr=lambda s: 0.002 * (s + 1.0) / 8,
+                                decay=lambda s: 0.9, stacked={"b": (0,)}))),
     "adafactor_multi_lr": (
         lambda: optimize.AdafactorWithMultiLRSchedule(
             variable_search=["w|b", "^b$"],
@@ -376,6 +404,33 @@ def test_adam_bias_correction_first_step_is_lr():
     np.testing.assert_allclose(step, expected, rtol=1e-3)
 
 
+def test_adam_default_is_mesh_tf_update():
+  """Mesh TF's AdamWeightDecayOptimizer has no bias correction: its update
+  is lr * m / (sqrt(v) + eps) on the raw moments. bias_correction=True
+  divides them by 1 - beta^t first. Two steps, by hand on w and b."""
+  lr, b1, b2, eps = 0.01, 0.9, 0.999, 1e-6
+  for kwargs, corrected in [({}, False), ({"bias_correction": True}, True)]:
+    p = {"w": W0.astype(np.float64), "b": B0.astype(np.float64)}
+    m = {n: 0.0 for n in p}
+    v = {n: 0.0 for n in p}
+    for t in (1, 2):
+      _, g = loss_and_grads(p)
+      for n in p:
+        m[n] = b1 * m[n] + (1 - b1) * g[n]
+        v[n] = b2 * v[n] + (1 - b2) * g[n] ** 2
+        m_hat, v_hat = m[n], v[n]
+        if corrected:
+          m_hat, v_hat = m_hat / (1 - b1 ** t), v_hat / (1 - b2 ** t)
+        p[n] = p[n] - lr * m_hat / (np.sqrt(v_hat) + eps)
+    _, values, _ = train(lambda: optimize.AdamWeightDecayOptimizer(
+        lr, **kwargs), steps=2)
+    for n in p:
+      np.testing.assert_allclose(values[n], p[n], rtol=RTOL, atol=ATOL,
+                                 err_msg="%s %s" % (kwargs, n))
+      np.testing.assert_allclose(values[n + "/slot_m"], m[n], rtol=RTOL,
+                                 atol=ATOL)
+
+
 def test_optimizer_uses_a_given_step():
   """step= from get_global_step: no counter of its own, schedules follow the
   given step (lr = 0 at step 0 with linear warmup)."""
@@ -448,6 +503,7 @@ def closed_forms(s):
       "warmup_constant": 0.01 * np.minimum(1.0, s / 100.0),
       "product": 0.5 * np.minimum(1.0, s / 10.0),
       "adafactor_pow": 1.0 - (s + 1.0) ** -0.8,
+      "adafactor_pow_defaults": 1.0 - (s + 1.0) ** -0.8,   # Mesh TF's
       "adafactor_adam": 0.9 * (1 - 0.9 ** s) / (1 - 0.9 ** (s + 1)),
   }
 
@@ -465,8 +521,26 @@ def schedules():
       "product": optimize.product_schedule(
           0.5, lambda s: optimize.linear_warmup(s, 10)),
       "adafactor_pow": optimize.adafactor_decay_rate_pow(0.8),
+      "adafactor_pow_defaults": optimize.adafactor_decay_rate_pow(),
       "adafactor_adam": optimize.adafactor_decay_rate_adam(0.9),
   }
+
+
+def test_adafactor_decay_rate_pow_offset():
+  """Mesh TF's offset (a fine-tuning's first step) restarts the memory."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  steps = np.array([100, 101, 150, 1000], np.float32)
+  decay = optimize.adafactor_decay_rate_pow(0.5, offset=100)
+  out = decay(mtf.import_tf_tensor(mesh, tf.constant(steps), "steps:4"))
+  lowering = mtf.Lowering(graph, {mesh: harness.make_impl("simd", "all:1",
+                                                          "")})
+  expected = 1.0 - (steps.astype(np.float64) - 100 + 1.0) ** -0.5
+  np.testing.assert_allclose(lowering.export_to_tf_tensor(out).numpy(),
+                             expected, rtol=1e-6)
+  np.testing.assert_allclose([decay(float(s)) for s in steps], expected,
+                             rtol=1e-12)
+  assert decay(100.0) == 0.0
 
 
 def test_schedules_match_closed_forms():
@@ -571,7 +645,7 @@ def test_errors():
   mesh = mtf.Mesh(mtf.Graph(), "m")
   w = mtf.get_variable(mesh, "w", W_SHAPE)
   opt = optimize.SgdOptimizer(0.1)
-  adam = optimize.AdamWeightDecayOptimizer(0.1)
+  adam = optimize.AdamWeightDecayOptimizer(0.1, bias_correction=True)
   adam.apply_grads([w], [w])     # makes its own counter
   with pytest.raises(ValueError, match="one step per graph"):
     adam.apply_grads([w], [w], step=optimize.get_global_step(mesh)[0])
@@ -622,7 +696,8 @@ def test_compute_lr_for_step_values_and_functions_of_the_step():
                              [0.05, 0.25, 0.5], rtol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["adam_multi_lr", "adafactor_multi_lr"])
+@pytest.mark.parametrize("case", ["adam_multi_lr", "adafactor_multi_lr",
+                                  "adafactor_multi_lr_stacked"])
 def test_multi_lr_schedules_layout_invariant(case):
   """The per-variable rates follow the step on 8 devices as on one."""
   losses, values, _ = train(MULTI_LR_CASES[case][0], "simd", *LAYOUTS[1])
@@ -658,3 +733,18 @@ def test_from_hparams_options_and_errors():
     optimize.AdamWithMultiLRSchedule(variable_search=["a", "b"],
                                      alt_lr_schedules=[None],
                                      learning_rate=0.1)
+
+
+def test_adafactor_default_rate_under_unit_scaling():
+  """As Mesh TF: without parameter scale the default rate is 0.05 times
+  smaller, unless the unit-scaling convention is on at construction."""
+  from meshtf.models import mesh_tf_layers
+  before = mesh_tf_layers.unit_scaling_convention()
+  try:
+    for unit_scaling, factor in [(False, 0.05), (True, 1.0)]:
+      mesh_tf_layers.unit_scaling_convention(unit_scaling)
+      opt = optimize.AdafactorOptimizer(multiply_by_parameter_scale=False)
+      np.testing.assert_allclose(opt._learning_rate(99.0), 0.01 * factor)
+      np.testing.assert_allclose(opt._learning_rate(9999.0), 0.01 * factor)
+  finally:
+    mesh_tf_layers.unit_scaling_convention(before)

@@ -360,7 +360,8 @@ def test_tiny_lm_learns_the_copy_task():
   train = training.TrainStep(
       transformer.loss_fn(lm), impl,
       optimize.AdamWeightDecayOptimizer(optimize.warmup_then_decay(
-          3e-2, 20, "constant")), clip_gradient_norm=1.0)
+          3e-2, 20, "constant"), bias_correction=True),
+      clip_gradient_norm=1.0)
   rs = np.random.RandomState(0)
   start = time.time()
   history = []

@@ -55,7 +55,8 @@ def train(with_moe, backend, mesh_shape, layout):
   step_fn = training.TrainStep(
       transformer.loss_fn(make_lm(with_moe)),
       harness.make_impl(backend, mesh_shape, layout),
-      optimize.AdamWeightDecayOptimizer(1e-2), clip_gradient_norm=1.0)
+      optimize.AdamWeightDecayOptimizer(1e-2, bias_correction=True),
+      clip_gradient_norm=1.0)
   # One batch, seen every step: the loss must fall.
   targets = np.random.RandomState(0).randint(2, V, size=[B, L]).astype(
       np.int32)

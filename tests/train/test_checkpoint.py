@@ -26,7 +26,8 @@ def train_fn(impl, store):
     out = mtf.einsum([h, w2], output_shape="batch:8;out:6")
     loss = mtf.reduce_mean(mtf.square(out - y))
     ws = [w1, w2]
-    optimize.AdamWeightDecayOptimizer(0.05).apply_grads(
+    optimize.AdamWeightDecayOptimizer(
+        0.05, bias_correction=True).apply_grads(
         mtf.gradients([loss], ws), ws)
     return loss
   return mtf.MeshFunction(build, impl, variable_store=store)

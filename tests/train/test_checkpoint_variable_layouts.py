@@ -25,7 +25,8 @@ def train_fn(variable_layout, store):
     h = mtf.relu(mtf.einsum([x, w1], output_shape="batch:8;hidden:16"))
     loss = mtf.reduce_mean(mtf.square(
         mtf.einsum([h, w2], output_shape="batch:8;out:6") - y))
-    optimize.AdamWeightDecayOptimizer(0.05).apply_grads(
+    optimize.AdamWeightDecayOptimizer(
+        0.05, bias_correction=True).apply_grads(
         mtf.gradients([loss], [w1, w2]), [w1, w2])
     return loss
   impl = harness.make_impl("simd", MESH, "batch:data", variable_layout)
