@@ -37,6 +37,26 @@ def test_distribution_moments():
   assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.01
 
 
+def test_extreme_bits_stay_strictly_inside(monkeypatch):
+  """The top 24-bit value once rounded to u = 1.0 in float32, so a normal
+  draw was erfinv(1) = inf (seen in a 32x1024 attention weight)."""
+  extremes = tf.constant([0xFFFFFFFF, 0xFFFFFF00, 0xFFFFFEFF, 0, 0xFF],
+                         tf.uint32)
+  u = rng._bits_to_unit(extremes, tf.float32).numpy()
+  assert (u > 0).all() and (u < 1).all(), u
+  # Only the clamped top value moved; the rest are (k + 0.5) / 2^24.
+  k = np.array([2 ** 24 - 2, 0, 0], np.float64)
+  np.testing.assert_array_equal(u[2:], ((k + 0.5) / 2 ** 24).astype(
+      np.float32))
+  monkeypatch.setattr(rng, "random_bits",
+                      lambda *a: (tf.fill([64], np.uint32(0xFFFFFFFF)), None))
+  zero = tf.constant([0], tf.int64)
+  n = rng.normal_slice(rng.op_key(0, "x"), zero, [64], [64]).numpy()
+  assert np.isfinite(n).all() and (n > 5).all(), n
+  v = rng.uniform_slice(rng.op_key(0, "x"), zero, [64], [64]).numpy()
+  assert (v < 1).all()
+
+
 def test_keys_differ_by_seed_name_and_stream():
   keys = {rng.op_key(0, "a"), rng.op_key(1, "a"), rng.op_key(0, "b"),
           rng.op_key(0, "a", stream=1)}
