@@ -15,6 +15,7 @@ Example:
   8.0
 """
 import collections
+import re
 
 import tensorflow as tf
 
@@ -65,6 +66,16 @@ class PendingSum(object):
 
   def _reduce(self):
     return self.mesh_impl.allreduce(self.laid_out, list(self.mesh_axes), "SUM")
+
+
+_SCOPE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def scope_name(op_name):
+  """The TF name scope of a meshtf op's lowering: its name with '/' and
+  each character TF does not allow in a scope as '_'."""
+  name = _SCOPE_CHARS.sub("_", op_name)
+  return name if name[:1].isalnum() else "op" + name
 
 
 def all_operations(operations):
@@ -220,13 +231,18 @@ class Lowering(object):
 
   def lower_top_level(self, op):
     """Lowers a top-level operation (graph order), then issues the fused
-    allreduce buckets its outputs complete (bucketing.Bucketer)."""
-    self.lower_operation(op)
-    self._bucketer.after(op)
+    allreduce buckets its outputs complete (bucketing.Bucketer). Each in
+    its own TF name scope (the op's name, "allreduce_buckets"): TF's
+    profiler and the plan's memory simulation name TF ops by them."""
+    with tf.name_scope(scope_name(op.name)):
+      self.lower_operation(op)
+    with tf.name_scope("allreduce_buckets"):
+      self._bucketer.after(op)
 
   def finish_buckets(self):
     """Issues the buckets still open (the end of the walk)."""
-    self._bucketer.finish()
+    with tf.name_scope("allreduce_buckets"):
+      self._bucketer.finish()
 
   def _captured(self, op):
     """(tensor, layout) for the tensors op's inner operations read that

@@ -13,6 +13,13 @@ gives it; padding of uneven splits included, since it is computed):
   other ops     local output elements (elementwise, gather, top_k, ...)
   bytes         local inputs + local outputs (the roofline's memory side)
 
+The liveness is sequential: the meshtf ops one at a time in graph order,
+each meshtf tensor counted once (what XLA's scheduler works from).
+plan/program_memory.py simulates the traced per-device program as
+TensorFlow's executor runs it (its order, every TF op's buffers, in-place
+reuse, collective scratch, folded constants); the report's peak is that
+one where TF's executor runs the program.
+
 Example:
   >>> acc = account(graph.operations, graph_layout, backward_start=120)
   >>> acc.flops_by_family["einsum"], acc.memory["peak"]

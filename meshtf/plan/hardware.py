@@ -30,6 +30,11 @@ class Hardware(collections.namedtuple("Hardware", [
     "latency_per_step",    # latency counts per step of the algorithm
     #                        (rings) or once per collective (virtual CPUs)
     "step_overhead",       # seconds per step besides ops and collectives
+    "executor_threads",    # memory: inter-op threads TF's executor runs a
+    #                        device's ops on (plan/program_memory.py); 0:
+    #                        meshtf's default for virtual CPUs, max(16, 4n)
+    #                        shared by the n devices; None: XLA compiles
+    #                        the program (the sequential liveness stands)
     "assumptions"])):
   """One hardware model (see the module docstring)."""
 
@@ -46,13 +51,16 @@ HARDWARE = {
         memory_bandwidth=450e9, devices_per_node=2 ** 20,
         fast_bandwidth=70e9, slow_bandwidth=70e9, latency=5e-6,
         alltoall_factor=0.5, shared_compute=False, latency_per_step=True,
-        step_overhead=0.0,
+        step_overhead=0.0, executor_threads=None,
         assumptions=[
             "bf16 peak 61.5 TFLOP/s and 16 GiB HBM at 450 GB/s per core",
             "every mesh axis maps to a ring of the 2-D torus: 70 GB/s per "
             "core per direction, 5 us per collective step",
             "an alltoall on a 2-D torus gets half the ring bandwidth "
-            "(bisection)"]),
+            "(bisection)",
+            "memory: XLA compiles and schedules the whole program; the "
+            "activations' liveness in graph order stands for its "
+            "schedule"]),
     "h100_8x_node": Hardware(
         "h100_8x_node",
         "8x NVIDIA H100 SXM per node, NVLink within, InfiniBand across",
@@ -60,13 +68,15 @@ HARDWARE = {
         memory_bandwidth=3.35e12, devices_per_node=8,
         fast_bandwidth=450e9, slow_bandwidth=50e9, latency=10e-6,
         alltoall_factor=1.0, shared_compute=False, latency_per_step=True,
-        step_overhead=0.0,
+        step_overhead=0.0, executor_threads=1,
         assumptions=[
             "bf16 dense peak 989 TFLOP/s and 80 GiB HBM3 at 3.35 TB/s per "
             "GPU",
             "NVLink 4: 450 GB/s per GPU per direction within a node of 8",
             "InfiniBand NDR: 400 Gb/s = 50 GB/s per GPU across nodes",
-            "10 us per collective step (NCCL ring)"]),
+            "10 us per collective step (NCCL ring)",
+            "memory: TF's executor queues each device's kernels on one "
+            "stream in the order they become ready (one at a time)"]),
     "cpu": Hardware(
         "cpu", "this 2-core machine's CPU split into virtual devices (the "
         "tests' mesh)",
@@ -74,7 +84,7 @@ HARDWARE = {
         memory_bandwidth=1e12, devices_per_node=2 ** 20,
         fast_bandwidth=2e9, slow_bandwidth=2e9, latency=0.94e-3,
         alltoall_factor=1.0, shared_compute=True, latency_per_step=False,
-        step_overhead=9e-3,
+        step_overhead=9e-3, executor_threads=0,
         assumptions=[
             "calibrated on this machine by bench/plan_validation.py (a "
             "least-squares fit over 13 runs of lm_tiny / moe_tiny layouts)",
@@ -82,8 +92,20 @@ HARDWARE = {
             "up; memory traffic does not bound these small ops",
             "0.94 ms per collective whatever its group (TF's collective "
             "executor), copies at 2 GB/s, 9 ms per step of launch "
-            "overhead"]),
+            "overhead",
+            "memory: TF's executor runs each device's ready ops on its "
+            "share of max(16, 4n) inter-op threads (mtf.virtual_cpu_devices"
+            "' default), ops timed as above"]),
 }
+
+
+def executor_threads(hw, devices):
+  """Inter-op threads one device's ops run on (None: XLA, see Hardware)."""
+  if hw.executor_threads is None:
+    return None
+  if hw.executor_threads == 0:
+    return max(max(16, 4 * devices) // max(devices, 1), 1)
+  return hw.executor_threads
 
 
 def get(name):

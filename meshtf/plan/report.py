@@ -19,6 +19,7 @@ from meshtf.lowering import simd
 from meshtf.plan import accounting
 from meshtf.plan import estimate
 from meshtf.plan import hardware as hardware_lib
+from meshtf.plan import program_memory
 
 
 def notional_devices(n, per_host=8):
@@ -36,17 +37,74 @@ class PlanReport(object):
     collectives: the traced program's collective_stats() (or their
       estimate from the layouts: plan/estimate.py),
     collectives_source: "traced" or "estimated",
-    graph_layout: every tensor's layout (layouts/assignment.py).
+    graph_layout: every tensor's layout (layouts/assignment.py),
+    program_memory: the traced program under TF's executor
+      (plan/program_memory.py), or None (not traced, or XLA hardware).
   """
 
   def __init__(self, mesh_layout, hw, acc, collectives, graph_layout=None,
-               collectives_source="traced"):
+               collectives_source="traced", program_memory=None,
+               executor_threads=None):
     self.mesh_layout = mesh_layout
     self.hardware = hw
     self.accounting = acc
     self.collectives = collectives
     self.graph_layout = graph_layout
     self.collectives_source = collectives_source
+    self.program_memory = program_memory
+    self.executor_threads = executor_threads
+
+  def memory(self):
+    """Bytes per device: the accounting's (parameters, optimizer state,
+    activations kept for backward, padding, the activation peak in graph
+    order) with "peak_sequential" = parameters + optimizer state + that
+    peak, and "peak" = the model that fits the hardware: under TF's
+    executor (the traced program's activation peak + its constants and
+    inputs + parameters + optimizer state) when simulated, else the
+    sequential one."""
+    mem = dict(self.accounting.memory)
+    mem["peak_sequential"] = mem["peak"]
+    pm = self.program_memory
+    if pm is not None:
+      mem["activations_peak_executor"] = pm.peak
+      mem["collective_scratch_at_peak"] = pm.scratch_at_peak
+      mem["program_constants"] = pm.constants
+      mem["program_inputs"] = pm.inputs
+      mem["peak"] = (mem["parameters"] + mem["optimizer_state"] +
+                     pm.constants + pm.inputs + pm.peak)
+    return mem
+
+  def memory_model(self):
+    """How "peak" was predicted, with its assumptions (the summary's
+    "memory_model")."""
+    pm = self.program_memory
+    if pm is None:
+      return {"kind": "sequential", "assumptions": [
+          "the meshtf graph's ops run one at a time in graph order; each "
+          "meshtf tensor lives from its op to its last reader; lowering "
+          "intermediates, in-place reuse, collective buffers and the "
+          "executor's order are not modelled" + (
+              " (trace the program for them)" if
+              self.hardware.executor_threads is not None else
+              " (XLA schedules the program)")]}
+    return {
+        "kind": "executor", "threads": self.executor_threads,
+        "peak_op": pm.peak_op, "peak_scope": pm.peak_scope,
+        "at_peak": [list(kv) for kv in pm.at_peak], "tf_ops": pm.ops,
+        "assumptions": [
+            "the traced per-device program as TF's executor runs it "
+            "(plan/program_memory.py): ready ops start in the order they "
+            "become ready on %d inter-op thread(s), timed by the hardware "
+            "model; collectives run asynchronously" % self.executor_threads,
+            "every TF op's outputs are allocated when it starts and freed "
+            "after their last reader; views allocate nothing; elementwise "
+            "ops and allreduces reuse an input buffer nobody else reads",
+            "a ring allreduce over n devices holds (n-1)/n of its input as "
+            "scratch; what depends only on constants and the processor "
+            "number is folded into constants the program holds",
+            "not modelled: Grappler's arithmetic rewrites, its per-device "
+            "folding of padding masks, kernels' own temporaries, the "
+            "allocator's block rounding"]}
 
   def compute_seconds(self):
     hw = self.hardware
@@ -63,6 +121,7 @@ class PlanReport(object):
   def summary(self):
     """The report as a dict (what the JSON file holds)."""
     acc = self.accounting
+    mem = self.memory()
     flops, touched = acc.flops, acc.bytes
     compute = self.compute_seconds() + self.hardware.step_overhead
     comm = self.collective_seconds()
@@ -77,8 +136,9 @@ class PlanReport(object):
         "layout": ";".join("%s:%s" % p
                            for p in self.mesh_layout.layout_rules.pairs),
         "hardware": self.hardware.name,
-        "memory_bytes_per_device": dict(acc.memory),
-        "fits_in_memory": acc.memory["peak"] <= self.hardware.memory_bytes,
+        "memory_bytes_per_device": mem,
+        "memory_model": self.memory_model(),
+        "fits_in_memory": mem["peak"] <= self.hardware.memory_bytes,
         "flops_per_device": flops,
         "flops_by_family": dict(acc.flops_by_family),
         "arithmetic_intensity": flops / touched if touched else 0.0,
@@ -108,12 +168,11 @@ class PlanReport(object):
         "plan: mesh %s, layout %s, hardware %s" % (s["mesh"], s["layout"],
                                                    s["hardware"]),
         "memory per device: parameters %s, optimizer state %s, activations "
-        "kept for backward %s, activation peak %s, padding %s; peak %s (%s)"
+        "kept for backward %s, padding %s; peak %s (%s)"
         % (mb(mem["parameters"]), mb(mem["optimizer_state"]),
-           mb(mem["activations_saved"]), mb(mem["activations_peak"]),
-           mb(mem["padding"]), mb(mem["peak"]),
+           mb(mem["activations_saved"]), mb(mem["padding"]), mb(mem["peak"]),
            "fits" if s["fits_in_memory"] else "DOES NOT FIT in %s" % mb(
-               self.hardware.memory_bytes)),
+               self.hardware.memory_bytes))] + self._memory_lines(s, mb) + [
         "flops per device: %.4g (%s); arithmetic intensity %.2f flop/byte"
         % (s["flops_per_device"], ", ".join(
             "%s %.3g" % kv for kv in sorted(
@@ -127,8 +186,30 @@ class PlanReport(object):
         "step time estimate: %.4g s (compute %.4g s + collectives %.4g s)"
         % (s["step_seconds"], s["compute_seconds"],
            s["collective_seconds"]),
-        "assumptions:"] + ["  " + a for a in s["assumptions"]]
+        "assumptions:"] + ["  " + a for a in s["assumptions"]] + [
+            "  " + a for a in s["memory_model"]["assumptions"]]
     return "\n".join(lines)
+
+  def _memory_lines(self, s, mb):
+    mem = s["memory_bytes_per_device"]
+    model = s["memory_model"]
+    lines = []
+    if model["kind"] == "executor":
+      scopes = ", ".join("%s %s" % (name, mb(b))
+                         for name, b in model["at_peak"][:3])
+      lines.append(
+          "  peak under TF's executor (traced program, %d thread(s) per "
+          "device): activations %s at %s (%s...), of which collective "
+          "scratch %s; program constants %s, inputs %s" % (
+              model["threads"], mb(mem["activations_peak_executor"]),
+              model["peak_scope"], scopes,
+              mb(mem["collective_scratch_at_peak"]),
+              mb(mem["program_constants"]), mb(mem["program_inputs"])))
+    lines.append(
+        "  sequential (graph order, meshtf tensors only): activation peak "
+        "%s, peak %s" % (mb(mem["activations_peak"]),
+                         mb(mem["peak_sequential"])))
+    return lines
 
 
 def step_outputs(operations):
@@ -141,15 +222,18 @@ def step_outputs(operations):
 
 
 def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
-         trace=True):
+         trace=True, executor_threads=None):
   """The PlanReport of graph (one mesh) under mesh_layout on a hardware
   model ("tpuv3", "h100_8x_node", "cpu"). backward_start: index in
   graph.operations of the first backward op (for the activations kept
   for the backward pass; default: where mtf.gradients began). Traces
   the per-device SPMD program on notional devices (never run) for the
-  collectives; trace=False estimates them from the layouts instead
-  (plan/estimate.py: the same records on the models here, in a
-  fraction of the time). Raises LayoutError / ValueError on bad input
+  collectives and, where TF's executor runs it (not on XLA hardware),
+  for its memory (plan/program_memory.py: executor_threads overrides
+  the hardware's inter-op threads per device); trace=False estimates the
+  collectives from the layouts instead (plan/estimate.py: the same
+  records on the models here, in a fraction of the time) and keeps the
+  sequential liveness. Raises LayoutError / ValueError on bad input
   before any tracing.
 
   Example:
@@ -174,7 +258,15 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
                       "estimated")
   impl = simd.SimdMeshImpl(mesh_layout, None,
                            notional_devices(mesh_layout.size))
-  collectives = lowering_lib.Lowering(
-      graph, {mesh: impl}, launch=False,
-      outputs=outputs).collective_stats()
-  return PlanReport(mesh_layout, hw, acc, collectives, graph_layout)
+  lowering = lowering_lib.Lowering(graph, {mesh: impl}, launch=False,
+                                   outputs=outputs)
+  threads = executor_threads or hardware_lib.executor_threads(
+      hw, mesh_layout.size)
+  memory = None
+  if threads is not None:
+    memory = program_memory.simulate(
+        lowering.program.graph, threads=threads,
+        op_seconds=program_memory.roofline_seconds(hw, mesh_layout.size))
+  return PlanReport(mesh_layout, hw, acc, lowering.collective_stats(),
+                    graph_layout, program_memory=memory,
+                    executor_threads=threads)

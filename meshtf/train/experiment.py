@@ -212,10 +212,17 @@ def learning_rate_schedule(config):
       total_steps=config.train_steps)
 
 
+def _zeros_slice(np_dtype):
+  return lambda begin, size: np.zeros(size, np_dtype)
+
+
 def build_training_graph(config, mesh_layout=None):
   """The symbolic training graph (forward, gradients, clipping, optimizer
-  update, step increment) as TrainStep builds it, with zeros for the
-  features: no TensorFlow op runs. Returns (graph, loss).
+  update, step increment) as TrainStep builds it: no TensorFlow op runs.
+  The features are imports, as in a run (arguments of the per-device
+  program, so a traced plan sees inputs, not constants it could fold);
+  their slices are zeros if the graph is ever lowered and run. Returns
+  (graph, loss).
 
   Example:
     >>> graph, loss = build_training_graph(config, layout)
@@ -226,9 +233,12 @@ def build_training_graph(config, mesh_layout=None):
   mesh = mtf.Mesh(graph, "mesh")
   shape = mtf.Shape([mtf.Dimension("batch", config.batch_size),
                      mtf.Dimension("length", config.length)])
-  features = {name: mtf.zeros(mesh, shape, dtype=(
-      tf.float32 if name.endswith("_weights") else tf.int32))
-              for name in feature_names(config)}
+  features = {}
+  for name in feature_names(config):
+    dtype = tf.float32 if name.endswith("_weights") else tf.int32
+    features[name] = mtf.import_slices(
+        mesh, shape, _zeros_slice(dtype.as_numpy_dtype), dtype,
+        name="feature_" + name)
   step, _ = optimize.get_global_step(mesh)
   loss, _ = loss_fn(model, sink, variable_dtype=variable_dtype(config))(
       mesh, features, step)
