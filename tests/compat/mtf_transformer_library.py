@@ -2,7 +2,8 @@ r"""Way 2 serves the Mesh TF transformer names that way 1 leaves out: Mesh
 TensorFlow 0.1.21's own Unitransformer (its transformer/transformer.py and
 transformer_layers.py, from the installed `mesh-tensorflow` package, on
 meshtf's core through meshtf.compat.install(library=True)) built with
-GeneralBilinearSelfAttention, TalkingHeadsSelfAttention, a LayerStack whose
+GeneralBilinearSelfAttention, TalkingHeadsSelfAttention, ParallelLayer
+with its default layers, a LayerStack whose
 sublayers_initial / per_layer / final are Mesh TF's sublayer_* functions,
 sinusoid_positional_embedding_weights (sinusoid_positional_embedding=True),
 and autoregressive_inputs / shift_targets for the decoder inputs. One
@@ -61,7 +62,11 @@ def main():
                key_heads_dims=[("heads", 4)],
                softmax_heads_dims=[("heads", 4), ("softmax_heads", 2)],
                value_heads_dims=[("heads", 4)], key_size=8, value_size=8),
-           transformer_layers.DenseReluDense(hidden_size=64)],
+           transformer_layers.DenseReluDense(hidden_size=64),
+           # Its own defaults (DenseReluDense and SelfAttention side by
+           # side): its 32x1024 attention output weight once drew an inf
+           # from meshtf's initializer RNG (a uniform rounded to 1.0).
+           transformer_layers.ParallelLayer()],
           sublayers_initial=[
               functools.partial(transformer.sublayer_dropout,
                                 dropout_rate=0.0)],
