@@ -1,10 +1,10 @@
 """Way 2 serves the Mesh TF transformer names that meshtf's own transformer
 (way 1) does not carry (the README's difference-table row): Mesh TF
 0.1.21's own Unitransformer with GeneralBilinearSelfAttention,
-TalkingHeadsSelfAttention, ParallelLayer, sublayer_* functions, sinusoid positional
-embeddings and autoregressive_inputs / shift_targets gives the same loss on
-two layouts of 8 virtual CPUs (tests/compat/mtf_transformer_library.py, in
-its own process)."""
+TalkingHeadsSelfAttention, ParallelLayer, sublayer_* functions, sinusoid
+positional embeddings and autoregressive_inputs / shift_targets gives the
+same loss on two layouts of 8 virtual CPUs
+(tests/compat/mtf_transformer_library.py, in its own process)."""
 import json
 import os
 import subprocess
