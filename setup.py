@@ -26,7 +26,7 @@ setup(
         # run on meshtf by tests/compat (it does not import on TF >= 2.16
         # by itself); its tests need gin, scipy and tensorflow-probability
         # (with tf-keras).
-        "test": ["pytest", "pytest-timeout", "hypothesis",
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis",
                  "tensorflow-datasets", "importlib_resources",
                  "mesh-tensorflow==0.1.21", "gin-config", "scipy",
                  "tensorflow-probability", "tf-keras"],
