@@ -31,7 +31,11 @@ and the step's peak of requested bytes per device
 without the allocator's block rounding), to compare with
 predicted_step_bytes_per_device (the executor's activation peak and the
 program's inputs) and measured_step_bytes_per_device (the allocator's
-peak less what it held).
+peak less what it held); measured_requested_peak_per_device (what it
+held plus the step's requested peak: the live bytes the runtime asked
+for, without the block rounding of the step's allocations) and
+requested_ratio (that over the predicted peak), beside the allocator's
+peak and peak_ratio.
 
 A last object per config gives the Spearman rank correlation of predicted
 vs measured step times and the range of the memory ratios.
@@ -257,6 +261,13 @@ def measure(name, mesh_shape, layout, variable_layout, devices, steps,
     # The step's allocations without the allocator's block rounding.
     row["measured_step_requested_per_device"] = int(
         found["requested_peak"] / n)
+    # The live bytes the runtime requested at the step's peak: what is held
+    # between steps and the step's requested peak; against the prediction,
+    # beside peak_ratio (the allocator's peak, its blocks' rounding
+    # included).
+    requested = held + found["requested_peak"] / n
+    row["measured_requested_peak_per_device"] = int(requested)
+    row["requested_ratio"] = round(requested / memory["peak"], 3)
     row["measured_at_peak"] = found["at_peak"]
     row["predicted_at_peak"] = predicted["memory_model"].get("at_peak")
   return row
@@ -321,6 +332,8 @@ def main():
             [r["measured_step_s"] for r in rows]), 3) if len(rows) > 1
         else None,
         "peak_ratio_range": _ratios(rows, "peak_ratio"),
+        "requested_ratio_range": _ratios(rows, "requested_ratio")
+        if args.attribute and rows else None,
         "peak_ratio_sequential_range": _ratios(
             rows, "peak_ratio_sequential")}), flush=True)
 

@@ -42,6 +42,7 @@ def gradients(ys, xs, grad_ys=None, operations=None):
   for op in operations:
     if any(t in downstream for t in op.inputs):
       downstream.update(op.outputs)
+  first_backward = len(graph.operations)
   pending = {}
   for y, g in zip(ys, grad_ys):
     pending.setdefault(y, []).append(g)
@@ -72,6 +73,7 @@ def gradients(ys, xs, grad_ys=None, operations=None):
       if g is not None:
         pending.setdefault(t, []).append(g)
   out = [total(x) for x in xs]
+  _drop_unread_broadcasts(graph, first_backward, out)
   # The gradients' partial sums (data parallelism) are reduced in fused
   # buckets, issued in backward order as each bucket fills.
   graph_lib.reduce_together(out)
@@ -91,6 +93,21 @@ def _drop_unused(graph, first_new, needed):
       keep.add(op)
       live.update(op.inputs)
   graph.operations[first_new:] = [op for op in new_ops if op in keep]
+
+
+def _drop_unread_broadcasts(graph, first, out):
+  """Removes the broadcasts this backward pass made that nothing reads (a
+  gradient rule may read a broadcast's input instead: square's)."""
+  from meshtf.lowering import lowering as lowering_lib
+  from meshtf.ops import elementwise
+  # Readers inside sub-graphs (a while loop's body) count too.
+  read = {t for op in lowering_lib.all_operations(graph.operations)
+          for t in op.inputs}
+  read.update(t for t in out if t is not None)
+  graph.operations[first:] = [
+      op for op in graph.operations[first:]
+      if not (isinstance(op, elementwise.BroadcastOperation) and
+              not any(t in read for t in op.outputs))]
 
 
 def _sum(parts):

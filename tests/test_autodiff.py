@@ -63,3 +63,26 @@ def test_data_parallel_weight_gradient_is_allreduced():
   kinds = {(s["kind"], s["mesh_axes"], s["elements_per_device"])
            for s in lowering.collective_stats()}
   assert ("allreduce_sum", ("all",), 8) in kinds
+
+
+def test_square_of_a_reduction_doubles_the_small_gradient_not_x():
+  """reduce_sum(square(x)) over a dim: square's gradient reads the
+  reduction's gradient before its broadcast (2 * s, then times x by
+  name), so the backward holds no broadcast and no product of x and a
+  constant (which Grappler moved into the forward pass); the values are
+  2 * dy * x exactly, and the unread broadcast is dropped."""
+  x_np = harness.random_array([4, 6], 2)
+  graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+  x = mtf.import_tf_tensor(mesh, x_np, "b:4;k:6")
+  s = mtf.reduce_sum(mtf.square(x), reduced_dim=mtf.Dimension("k", 6))
+  g, = mtf.gradients([s], [x], grad_ys=[mtf.import_tf_tensor(
+      mesh, np.arange(4, dtype=np.float32), "b:4")])
+  backward = graph.operations[graph.backward_start:]
+  assert not [op for op in backward
+              if isinstance(op, mtf.ops.elementwise.BroadcastOperation)]
+  assert g.shape == x.shape
+  lowering = mtf.Lowering(graph, {mesh: harness.make_impl(
+      "placement", "rows:2;cols:2", "b:rows;k:cols")})
+  dy = np.arange(4, dtype=np.float32)[:, None]
+  np.testing.assert_array_equal(lowering.export_to_tf_tensor(g).numpy(),
+                                (dy * 2.0) * x_np)

@@ -72,14 +72,14 @@ The rules, per TF op of the program (the traced FuncGraph):
     an unknown first dim: its size is the view or EnsureShape after it).
 
 Not modelled (bench/plan_validation.py measures what remains): Grappler's
-arithmetic rewrites (e.g. reassociating `x * (broadcast(s) * c)` into
-`broadcast(s) * (x * c)`, which moves `x * c` into the forward pass: in
-lm_tiny's RMS norms, one activation-sized tensor per norm kept from the
-forward to the backward pass), its per-device folding of data (a padding
-mask that is all false on a device turns a masked operand into a
-constant of zeros), kernels' own temporaries (reductions' small ones),
-and the allocator's rounding of each block (BFC: up to 2x for a block it
-does not split).
+arithmetic rewrites (it reassociated `x * (broadcast(s) * c)` into
+`broadcast(s) * (x * c)`, which moved `x * c` into the forward pass, one
+activation-sized tensor per RMS norm kept to the backward; square's
+gradient no longer gives it that product: ops/elementwise.py), its
+per-device folding of data (a padding mask that is all false on a device
+turns a masked operand into a constant of zeros), kernels' own
+temporaries (reductions' small ones), and the allocator's rounding of
+each block (BFC: up to 2x for a block it does not split).
 
 Example:
   >>> mem = simulate(lowering.program.graph)
