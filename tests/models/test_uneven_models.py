@@ -40,12 +40,13 @@ def make_lm(with_moe):
   hparams = moe.MoeParams(moe_num_experts=6, moe_group_size=8,
                           moe_hidden_size=12, moe_min_expert_capacity=2,
                           moe_loss_coef=1e-2, moe_num_groups=4)
-  ffn = (lambda i: moe.MoeFeedForward(hparams) if i % 2 else None
-         ) if with_moe else None
+  # The MoE LM is one layer with the MoE feed-forward (attention and the
+  # dense feed-forward are the dense LM's).
+  ffn = (lambda i: moe.MoeFeedForward(hparams)) if with_moe else None
   # Dropout is off: its per-slice random numbers are tested on uneven
   # layouts elsewhere, and on 8 placement devices they triple the trace.
   return transformer.make_unitransformer(
-      vocab_size=V, d_model=8, num_layers=2 if with_moe else 1, num_heads=6,
+      vocab_size=V, d_model=8, num_layers=1, num_heads=6,
       d_kv=4, d_ff=100, max_length=L, vocab_divisor=1, z_loss=1e-3,
       feedforward_layer_fn=ffn)
 
@@ -75,8 +76,12 @@ def test_uneven_lm_trains_like_one_device(with_moe):
   assert all(np.isfinite(base_losses)) and base_losses[-1] < base_losses[0]
   if with_moe:
     assert any("MoE" in n for n in base_vars)
+  layouts = MOE_LAYOUTS if with_moe else DENSE_LAYOUTS
   for backend in harness.BACKENDS:
-    for mesh_shape, layout in MOE_LAYOUTS if with_moe else DENSE_LAYOUTS:
+    # The placement backend's program grows with the mesh (~35 s a training
+    # on 8 devices here): it runs the 4-way uneven layout, SPMD both.
+    for mesh_shape, layout in (layouts[:1] if backend == "placement"
+                               else layouts):
       what = "%s %s %s" % (backend, mesh_shape, layout)
       losses, variables = train(with_moe, backend, mesh_shape, layout)
       np.testing.assert_allclose(losses, base_losses, rtol=2e-5,
