@@ -34,7 +34,10 @@ Usage:
   python bench/gpu_step.py --cpu_smoke     # tiny sizes on 2 virtual CPUs
                                            # (XLA modes off,program)
 
-Not yet run on a GPU: the development machines have none.
+Measured once on one H100 80GB (bench/results/h100_2026-11-26.jsonl, the
+README's table): with --jit_compile=program 42.1% MFU at the defaults,
+52.2% at --d_model=4096 --d_ff=16384 --num_heads=32 --num_layers=8
+--batch=16; 15.1% without XLA.
 """
 import argparse
 import json

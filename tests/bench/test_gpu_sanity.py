@@ -1,0 +1,54 @@
+"""bench/gpu_sanity.py, exercised on CPU (no GPU here): its loss comparison
+gives the same losses on one device and on data / data+model meshes of
+virtual CPUs (what it checks on logical GPUs), the relative error it
+reports is the norm ratio, and without a GPU it says so and exits 2."""
+import importlib.util
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import DEVICES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _sanity_module():
+  spec = importlib.util.spec_from_file_location(
+      "gpu_sanity", os.path.join(ROOT, "bench", "gpu_sanity.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_losses_agree_across_meshes_of_the_same_model():
+  sanity = _sanity_module()
+  ids = np.random.RandomState(0).randint(
+      1, sanity.SIZES["vocab_size"],
+      size=[4, sanity.SIZES["max_length"]]).astype(np.int32)
+  one = sanity.losses_on(DEVICES[:1], "all:1", "", 2, ids)
+  model = sanity.losses_on(
+      DEVICES[:2], "data:1;model:2",
+      "batch:data;heads:model;d_ff:model;vocab:model", 2, ids, hint="ring")
+  assert one[1] < one[0]          # it trains
+  assert model == pytest.approx(one, rel=sanity.LOSS_LIMIT)
+
+
+def test_relative_error_is_the_norm_ratio():
+  sanity = _sanity_module()
+  ref = np.array([[3.0, 4.0]])
+  assert sanity.relative_error(ref, ref) == 0.0
+  assert sanity.relative_error([[3.0, 4.5]], ref) == pytest.approx(0.1)
+
+
+def test_without_a_gpu_it_says_so_and_exits_2():
+  proc = subprocess.run(
+      [sys.executable, "bench/gpu_sanity.py"], cwd=ROOT, capture_output=True,
+      text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert proc.returncode == 2
+  assert '"kind": "env"' in proc.stdout and '"gpus": []' in proc.stdout
+  assert proc.stderr.strip().splitlines()[-1] == (
+      "bench/gpu_sanity.py: TensorFlow sees no GPU")
