@@ -8,6 +8,14 @@ every framework, so the first losses agree (kind=run reports them).
 
 Runs (framework, devices, layout):
   tf       1 device: tf.Variables, tf.GradientTape, under tf.function.
+           n devices, data-parallel, written by hand: a replica of the
+           weights and a batch shard per device, the gradients summed by
+           tf.add_n on the first device, every replica updated with the
+           sum (what a TF user writes for devices of one process). And
+           "data_parallel_nosync": the same without the gradient sum (each
+           replica steps on its own shard: not the same math) -- the
+           floor any data-parallel step on these devices pays for its
+           per-device compute and replicated updates.
   meshtf   the step of meshtf/examples/two_layer.py in an mtf.MeshFunction
            on the SPMD backend over mtf.virtual_cpu_devices(n).
   jax      jax.jit with NamedSharding over n host devices
@@ -21,7 +29,7 @@ round, so drifts of the machine's load fall on every run alike. A process
 builds its step, runs --warmup steps, then times --steps steps and prints
 seconds per step. Output, JSON lines with their config:
   kind=run      one per run: median, min, max and every round's s/step,
-                first loss
+                first loss, loss after the last step (of the last round)
   kind=skip     a framework that cannot run here (e.g. jax not installed:
                 pip install "jax[cpu]", or pip install -e ".[peers]")
   kind=summary  ratios of medians: each run over plain TF's 1-device step,
@@ -72,7 +80,8 @@ def initial_values(batch, d_io, d_hidden, seed=0):
 # --- one run per process -----------------------------------------------------
 def tf_step(sizes, run):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  del run
+  if run["devices"] > 1:
+    return tf_data_parallel_step(sizes, run)
   x, target, w0, b0, v0 = initial_values(*sizes)
   x, target = tf.constant(x), tf.constant(target)
   w, b, v = tf.Variable(w0), tf.Variable(b0), tf.Variable(v0)
@@ -85,6 +94,44 @@ def tf_step(sizes, run):
     for var, g in zip((w, b, v), tape.gradient(loss, [w, b, v])):
       var.assign_sub(LEARNING_RATE * g)
     return loss
+  return lambda: step().numpy()
+
+
+def tf_data_parallel_step(sizes, run):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import meshtf as mtf  # pylint: disable=g-import-not-at-top
+  x, target, w0, b0, v0 = initial_values(*sizes)
+  n = run["devices"]
+  devices = mtf.virtual_cpu_devices(n)
+  rows = x.shape[0] // n
+  replicas = []
+  for i, d in enumerate(devices):
+    with tf.device(d):
+      part = slice(i * rows, (i + 1) * rows)
+      replicas.append((d, tf.constant(x[part]), tf.constant(target[part]),
+                       tf.Variable(w0), tf.Variable(b0), tf.Variable(v0)))
+  sync = run["layout_name"] == "data_parallel"
+
+  @tf.function
+  def step():
+    losses, grads = [], []
+    for d, xs, ts, w, b, v in replicas:
+      with tf.device(d), tf.GradientTape() as tape:
+        y = tf.matmul(tf.nn.relu(tf.matmul(xs, w) + b), v)
+        # The shard's share of the full batch's mean.
+        loss = tf.reduce_mean(tf.square(y - ts)) / n
+      losses.append(loss)
+      grads.append(tape.gradient(loss, [w, b, v]))
+    if sync:
+      with tf.device(devices[0]):
+        total = [tf.add_n(list(g)) for g in zip(*grads)]
+      grads = [total] * n
+    for (d, _, _, w, b, v), g in zip(replicas, grads):
+      with tf.device(d):
+        for var, gi in zip((w, b, v), g):
+          var.assign_sub(LEARNING_RATE * gi)
+    with tf.device(devices[0]):
+      return tf.add_n(losses)
   return lambda: step().numpy()
 
 
@@ -196,9 +243,12 @@ def runs_of(frameworks, device_counts):
   out = []
   for fw in frameworks:
     for n in device_counts:
+      named = layouts(n)
       if fw == "tf" and n != 1:
-        continue  # hand-written TF is the 1-device reference
-      for name, mesh, layout in layouts(n):
+        # Hand-written TF: data-parallel, and its floor without the sum.
+        named = [l for l in named if l[0] == "data_parallel"]
+        named += [("data_parallel_nosync",) + named[0][1:]]
+      for name, mesh, layout in named:
         out.append(dict(framework=fw, devices=n, layout_name=name, mesh=mesh,
                         layout=layout))
   return out
@@ -255,7 +305,7 @@ def main(argv=None):
             _key(run), proc.returncode, proc.stderr.strip()[-2000:]))
       result = json.loads(lines[-1])
       times[_key(run)].append(result["step_s"])
-      losses[_key(run)] = result["first_loss"]
+      losses[_key(run)] = (result["first_loss"], result["last_loss"])
   medians = {}
   for run in runs:
     key = _key(run)
@@ -263,7 +313,8 @@ def main(argv=None):
     print(json.dumps(dict(common, kind="run", **run,
                           step_s=medians[key], min_s=min(times[key]),
                           max_s=max(times[key]), all_s=times[key],
-                          first_loss=losses[key])), flush=True)
+                          first_loss=losses[key][0],
+                          last_loss=losses[key][1])), flush=True)
   ratios = {}
   base = medians.get("tf/1/1-device")
   for run in runs:
@@ -274,9 +325,10 @@ def main(argv=None):
     if own and run["devices"] > 1:
       ratios[key + "/over_own_1_device"] = medians[key] / own
     if run["framework"] == "meshtf":
-      peer = medians.get(key.replace("meshtf/", "jax/", 1))
-      if peer:
-        ratios[key + "/meshtf_over_jax"] = medians[key] / peer
+      for fw in ("jax", "tf"):
+        peer = medians.get(key.replace("meshtf/", fw + "/", 1))
+        if peer and run["devices"] > 1:
+          ratios[key + "/meshtf_over_" + fw] = medians[key] / peer
   print(json.dumps(dict(common, kind="summary", ratios=ratios)), flush=True)
 
 

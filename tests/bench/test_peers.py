@@ -22,19 +22,33 @@ def test_peers_prints_runs_and_ratios_with_equal_first_losses():
   lines = [json.loads(l) for l in proc.stdout.splitlines()]
   runs = [l for l in lines if l["kind"] == "run"]
   assert [(r["framework"], r["devices"], r["layout_name"]) for r in runs] == [
-      ("tf", 1, "1-device"), ("meshtf", 1, "1-device"),
+      ("tf", 1, "1-device"), ("tf", 4, "data_parallel"),
+      ("tf", 4, "data_parallel_nosync"), ("meshtf", 1, "1-device"),
       ("meshtf", 4, "data_parallel"), ("meshtf", 4, "2d")]
   for r in runs:
     assert r["sizes"] == {"batch": 16, "io": 8, "hidden": 32}
     assert len(r["all_s"]) == 1 and r["step_s"] > 0
     assert r["first_loss"] == pytest.approx(runs[0]["first_loss"], rel=1e-5)
+  # After 1 + 1 + 2 steps: the hand-written data-parallel step and meshtf's
+  # layouts follow the 1-device step; the floor without the sum does not.
+  last = {(r["framework"], r["layout_name"]): r["last_loss"] for r in runs}
+  for key in [("tf", "data_parallel"), ("meshtf", "1-device"),
+              ("meshtf", "data_parallel"), ("meshtf", "2d")]:
+    assert last[key] == pytest.approx(last[("tf", "1-device")], rel=1e-4)
+  assert last[("tf", "data_parallel_nosync")] != pytest.approx(
+      last[("tf", "1-device")], rel=1e-4)
   summary = lines[-1]
   assert summary["kind"] == "summary"
   assert set(summary["ratios"]) == {
       "meshtf/1/1-device/over_tf_1_device",
       "meshtf/4/data_parallel/over_tf_1_device",
       "meshtf/4/data_parallel/over_own_1_device",
-      "meshtf/4/2d/over_tf_1_device", "meshtf/4/2d/over_own_1_device"}
+      "meshtf/4/2d/over_tf_1_device", "meshtf/4/2d/over_own_1_device",
+      "meshtf/4/data_parallel/meshtf_over_tf",
+      "tf/4/data_parallel/over_tf_1_device",
+      "tf/4/data_parallel/over_own_1_device",
+      "tf/4/data_parallel_nosync/over_tf_1_device",
+      "tf/4/data_parallel_nosync/over_own_1_device"}
 
 
 def test_peers_refuses_bad_flags_in_one_line():
