@@ -14,7 +14,9 @@ Prints JSON lines:
                 --logical_gpus=N, data-parallel and data+model layouts on N
                 logical GPUs carved from GPU 0 (ring collectives: NCCL
                 refuses two ranks on one GPU); max relative difference to
-                CPU:0, ok=false past 1e-4.
+                CPU:0, ok=false past 1e-4; and the data+model layout with
+                bfloat16 activations against one GPU's bfloat16 run
+                (ok=false past 2e-2).
   kind=summary  ok = every line above ok.
 
 Usage:
@@ -35,6 +37,7 @@ SIZES = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, d_kv=8,
              d_ff=64, max_length=16)
 MATMUL_LIMITS = {"float32": 1e-5, "tf32": 2e-3, "bfloat16": 1e-2}
 LOSS_LIMIT = 1e-4
+BF16_LOSS_LIMIT = 2e-2
 
 
 def emit(**fields):
@@ -70,13 +73,18 @@ def check_matmuls(tf, n=1024):
   return lines
 
 
-def losses_on(devices, mesh_shape, layout, steps, ids, hint=None):
+def losses_on(devices, mesh_shape, layout, steps, ids, hint=None,
+              activation_dtype="float32"):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import meshtf as mtf  # pylint: disable=g-import-not-at-top
+  from meshtf.models import dtypes  # pylint: disable=g-import-not-at-top
   from meshtf.models import optimize  # pylint: disable=g-import-not-at-top
   from meshtf.models import transformer  # pylint: disable=g-import-not-at-top
   lm = transformer.make_unitransformer(vocab_divisor=1, **SIZES)
   step = mtf.training.TrainStep(
-      transformer.loss_fn(lm), mtf.SimdMeshImpl(mesh_shape, layout, devices,
+      transformer.loss_fn(lm, variable_dtype=dtypes.VariableDType(
+          tf.float32, tf.float32, tf.as_dtype(activation_dtype))),
+      mtf.SimdMeshImpl(mesh_shape, layout, devices,
                                                communication_hint=hint),
       optimize.AdamWeightDecayOptimizer(1e-2, bias_correction=True))
   return [float(step({"targets": ids})["loss"]) for _ in range(steps)]
@@ -130,6 +138,24 @@ def main(argv=None):
     lines.append(emit(kind="losses", run=name, mesh_shape=mesh_shape,
                       layout=layout, cpu=ref, gpu=got, max_rel_diff=diff,
                       limit=LOSS_LIMIT, ok=bool(diff < LOSS_LIMIT)))
+  if n > 1 and n % 2 == 0:
+    # bfloat16 activations: the model axis's gathers and all-to-alls move
+    # bfloat16 bits; against one GPU's bfloat16 run, within bfloat16.
+    model = ("data:%d;model:2" % (n // 2),
+             "batch:data;heads:model;d_ff:model;vocab:model")
+    try:
+      one = losses_on(gpu_names[:1], "all:1", "", args.steps, ids,
+                      activation_dtype="bfloat16")
+      got = losses_on(gpu_names, model[0], model[1], args.steps, ids,
+                      hint="ring", activation_dtype="bfloat16")
+      diff = max(abs(g - r) / abs(r) for g, r in zip(got, one))
+      lines.append(emit(kind="losses", run=model[0] + " bfloat16",
+                        mesh_shape=model[0], layout=model[1], one_gpu=one,
+                        gpu=got, max_rel_diff=diff, limit=BF16_LOSS_LIMIT,
+                        ok=bool(diff < BF16_LOSS_LIMIT)))
+    except Exception as e:  # pylint: disable=broad-except
+      lines.append(emit(kind="losses", run=model[0] + " bfloat16", ok=False,
+                        error=str(e).strip().splitlines()[0][:300]))
   ok = all(l["ok"] for l in lines)
   emit(kind="summary", ok=ok)
   return 0 if ok else 1

@@ -138,10 +138,24 @@ def xla_program_refusal(kind, reduction, whole_mesh, devices, hint="auto"):
   return None
 
 
-def _to_wire(t):
-  """Casts dtypes the collective kernels lack (bool, bfloat16, ...)."""
-  if t.dtype in _WIRE_DTYPES:
+def _to_wire(t, moves_only=False):
+  """Casts dtypes the collective kernels lack (bool, ...). Sums always
+  take bfloat16 / float16 in float32 (no rounding at every hop of a ring);
+  moves_only (gathers, all-to-alls: no arithmetic) send them as they are,
+  half the bytes of float32 and bitwise the same result.
+
+  Example:
+    >>> wire, back = _to_wire(tf.ones([2], tf.bfloat16), moves_only=True)
+    >>> wire.dtype       # bfloat16's bits, in the ops' 16-bit type
+    tf.float16
+  """
+  if t.dtype in _WIRE_DTYPES or (moves_only and t.dtype == tf.float16):
     return t, lambda y: y
+  if moves_only and t.dtype == tf.bfloat16:
+    # The ops' dtype lists lack bfloat16; its bits travel as float16's (a
+    # move does no arithmetic on them).
+    return (tf.bitcast(t, tf.float16),
+            lambda y: tf.bitcast(y, tf.bfloat16))
   wire = tf.float32 if t.dtype.is_floating else tf.int32
   dtype = t.dtype
   return tf.cast(t, wire), lambda y: tf.cast(y, dtype)
@@ -177,7 +191,7 @@ def all_reduce(t, reduction, args):
 
 def all_concat(t, concat_axis, table, group_index, args):
   n = table.group_size
-  wire, back = _to_wire(t)
+  wire, back = _to_wire(t, moves_only=True)
   g = tf.raw_ops.CollectiveGatherV2(input=tf.expand_dims(wire, 0), **args)
   g = tf.reshape(g, [n] + list(t.shape))
   _, pos_to_rank = _rows(table, group_index)
@@ -190,7 +204,7 @@ def _exchange(x, table, group_index, args):
   """All-to-all of x[n, ...] whose row j is for the peer at position j;
   returns rows indexed by the sender's position."""
   rank_to_pos, pos_to_rank = _rows(table, group_index)
-  wire, back = _to_wire(x)
+  wire, back = _to_wire(x, moves_only=True)
   if rank_to_pos is not None:
     wire = tf.gather(wire, rank_to_pos)
   y = tf.ensure_shape(tf.raw_ops.CollectiveAllToAllV2(input=wire, **args),

@@ -35,6 +35,12 @@ def test_losses_agree_across_meshes_of_the_same_model():
       "batch:data;heads:model;d_ff:model;vocab:model", 2, ids, hint="ring")
   assert one[1] < one[0]          # it trains
   assert model == pytest.approx(one, rel=sanity.LOSS_LIMIT)
+  bf16 = sanity.losses_on(
+      DEVICES[:2], "data:1;model:2",
+      "batch:data;heads:model;d_ff:model;vocab:model", 2, ids, hint="ring",
+      activation_dtype="bfloat16")
+  assert bf16 == pytest.approx(one, rel=sanity.BF16_LOSS_LIMIT)
+  assert bf16 != one
 
 
 def test_relative_error_is_the_norm_ratio():

@@ -153,3 +153,40 @@ def test_bad_options_raise_one_line_with_the_fix(make, match):
   with pytest.raises(ValueError, match=match) as e:
     make()
   assert "\n" not in str(e.value)
+
+
+def _bf16_build(mesh, x_tf):
+  """bfloat16 through an allreduce, an allconcat and an alltoall."""
+  x = mtf.cast(mtf.import_tf_tensor(mesh, x_tf, "a:8;b:8"), tf.bfloat16)
+  return {"sum": mtf.reduce_sum(x, reduced_dim=mtf.Dimension("a", 8)),
+          "concat": mtf.reshape(x, "a3:8;b:8"),
+          "alltoall": mtf.reshape(x, "a2:8;b2:8")}
+
+
+def test_bfloat16_moves_as_itself_and_sums_in_float32():
+  impl = mtf.SimdMeshImpl("rows:2;cols:4", "a:cols;b2:cols",
+                          harness.DEVICES)
+  fn = mtf.MeshFunction(_bf16_build, impl)
+  x = harness.random_array([8, 8], 1)
+  got = {k: v.numpy() for k, v in fn(x).items()}
+  wire = {}
+  for n in fn.lowering.program.graph.as_graph_def().node:
+    if n.op in sc.COLLECTIVE_OPS:
+      wire.setdefault(n.op, set()).add(tf.as_dtype(n.attr["T"].type).name)
+  # Gathers and all-to-alls move bfloat16's bits as float16 (half float32's
+  # bytes); the sum runs in float32.
+  assert wire == {"CollectiveGatherV2": {"float16"},
+                  "CollectiveAllToAllV2": {"float16"},
+                  "CollectiveReduceV2": {"float32"}}
+  one = mtf.MeshFunction(_bf16_build, mtf.SimdMeshImpl(
+      "all:1", "", harness.DEVICES[:1]))(x)
+  for k, v in one.items():
+    assert got[k].dtype == v.numpy().dtype   # bfloat16 out
+  # Moves are bitwise those of one device; the sum (partial sums rounded
+  # to bfloat16 on each processor) within bfloat16's rounding.
+  for k in ("concat", "alltoall"):
+    np.testing.assert_array_equal(got[k].astype(np.float32),
+                                  one[k].numpy().astype(np.float32))
+  np.testing.assert_allclose(got["sum"].astype(np.float32),
+                             one["sum"].numpy().astype(np.float32),
+                             rtol=2 ** -7, atol=2 ** -7)
