@@ -4,8 +4,9 @@
 #
 # What it needs, carried in beforehand:
 #   $STAGE/tf.tar.xz.*   the tensorflow wheel's tensorflow/ and dist-info
-#                        (include/ and lite/ dropped), tar | xz, split in
-#                        parts (the transfer limit is per call)
+#                        (include/ dropped; lite/ must stay: tf.compat.v1
+#                        imports it), tar | xz, split in parts (the
+#                        transfer limit is per call)
 #   .whl/*.whl           TF's pure-Python needs the machine lacks, numpy /
 #                        protobuf / ml_dtypes at the versions tested here, and
 #                        nvidia-cuda-runtime-cu12 (libcudart.so.12)
@@ -20,7 +21,7 @@ set -u
 STAGE=${STAGE:-/tmp/stage}
 SITE=${SITE:-/tmp/site}
 mkdir -p "$SITE" "$SITE/cuda12"
-if [ ! -d "$SITE/tensorflow" ]; then
+if [ ! -f "$SITE/tensorflow/libtensorflow_cc.so.2" ]; then
   cat "$STAGE"/tf.tar.xz.* | xz -d -T0 | tar -x -C "$SITE" || return 1
 fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
