@@ -1,7 +1,8 @@
 r"""Runs Mesh TensorFlow 0.1.21's own unit tests against meshtf.
 
 Each test file is imported from the installed `mesh-tensorflow` package
-(the optional test extra) in a child process, after meshtf.compat.install()
+(the optional test extra) in a child process (one per way, running its
+files one after the other), after meshtf.compat.install()
 made `mesh_tensorflow` resolve to meshtf: way 1 (`install()`: Mesh TF's
 core and the library meshtf re-implements are meshtf's) for the core and
 transformer_layers tests, way 2 (`install(library=True)`: Mesh TF's own
@@ -38,12 +39,14 @@ FILES = [
     ("utils_test", "meshtf"),
     ("test_utils_test", "meshtf"),
     ("transformer.transformer_layers_test", "meshtf"),
+    # First of its process: it enables eager execution at import, which TF
+    # allows only before any op has run.
+    ("transformer.dataset_test", "library"),
     ("transformer.adaptive_softmax_test", "library"),
     ("transformer.vocab_embeddings_test", "library"),
     ("transformer.memory_layers_test", "library"),
     ("transformer.funnel_transformer_test", "library"),
     ("transformer.learning_rate_schedules_test", "library"),
-    ("transformer.dataset_test", "library"),
     ("transformer.utils_test", "library"),
 ]
 
@@ -121,8 +124,9 @@ def _adapt_environment():
     sys.modules["mock"] = unittest.mock
 
 
-def run_child(module, way, verbose=False):
-  """Runs one Mesh TF test file in this process: a dict of results."""
+def run_child(modules, way, verbose=False):
+  """Runs Mesh TF test files (one way's) in this process, one after the
+  other: a list of result dicts, one per file."""
   _adapt_environment()
   sys.path.insert(0, ROOT)
   import meshtf  # pylint: disable=g-import-not-at-top
@@ -130,38 +134,40 @@ def run_child(module, way, verbose=False):
   meshtf.virtual_cpu_devices(8)
   compat.install(library=(way == "library"))
   import importlib  # pylint: disable=g-import-not-at-top
-  start = time.time()
-  try:
-    mod = importlib.import_module("mesh_tensorflow." + module)
-  except Exception as e:  # pylint: disable=broad-except
-    return {"file": module, "way": way, "import_error":
-            _reason((type(e), e, None)), "records": []}
-  suite = unittest.defaultTestLoader.loadTestsFromModule(mod)
-  result = _Result(verbose)
-  suite.run(result)
-  return {"file": module, "way": way, "records": result.records,
-          "seconds": round(time.time() - start, 1)}
+  out = []
+  for module in modules:
+    start = time.time()
+    try:
+      mod = importlib.import_module("mesh_tensorflow." + module)
+    except Exception as e:  # pylint: disable=broad-except
+      out.append({"file": module, "way": way, "import_error":
+                  _reason((type(e), e, None)), "records": []})
+      continue
+    suite = unittest.defaultTestLoader.loadTestsFromModule(mod)
+    result = _Result(verbose)
+    suite.run(result)
+    out.append({"file": module, "way": way, "records": result.records,
+                "seconds": round(time.time() - start, 1)})
+  return out
 
 
-def run_file(module, way, timeout=600):
-  """Runs one file in a child process; returns its result dict."""
-  start = time.time()
-  cmd = [sys.executable, os.path.abspath(__file__), "--child", module,
-         "--way", way]
+def run_files(modules, way, timeout=600):
+  """Runs one way's files in one child process (TF and meshtf imported
+  once); returns their result dicts."""
+  cmd = [sys.executable, os.path.abspath(__file__), "--child",
+         ",".join(modules), "--way", way]
+  broken = lambda why: [{"file": m, "way": way, "records": [],  # noqa: E731
+                         "import_error": why} for m in modules]
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
   except subprocess.TimeoutExpired:
-    return {"file": module, "way": way, "records": [],
-            "import_error": "timed out after %d s" % timeout}
-  lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    return broken("timed out after %d s" % timeout)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("[")]
   if not lines:
     tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-    return {"file": module, "way": way, "records": [],
-            "import_error": "child exited %d: %s" % (proc.returncode, tail)}
-  out = json.loads(lines[-1])
-  out["seconds"] = round(time.time() - start, 1)
-  return out
+    return broken("child exited %d: %s" % (proc.returncode, tail))
+  return json.loads(lines[-1])
 
 
 def summarize(result):
@@ -179,12 +185,18 @@ def summarize(result):
 
 
 def run_all(files=None, jobs=2, timeout=600):
-  """Runs the files (default: all of FILES), `jobs` at a time."""
+  """Runs the files (default: all of FILES), one child process per way,
+  `jobs` at a time; results in FILES' order."""
   import concurrent.futures  # pylint: disable=g-import-not-at-top
-  todo = [(m, w) for m, w in FILES if files is None or m in files]
+  ways = {}
+  for m, w in FILES:
+    if files is None or m in files:
+      ways.setdefault(w, []).append(m)
   with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-    futures = [pool.submit(run_file, m, w, timeout) for m, w in todo]
-    return [f.result() for f in futures]
+    futures = [pool.submit(run_files, ms, w, timeout)
+               for w, ms in ways.items()]
+    by_file = {r["file"]: r for f in futures for r in f.result()}
+  return [by_file[m] for m, _ in FILES if m in by_file]
 
 
 def failures(results):
@@ -222,7 +234,7 @@ def main(argv=None):
   parser.add_argument("-v", action="store_true")
   args = parser.parse_args(argv)
   if args.child:
-    print(json.dumps(run_child(args.child, args.way, args.v)))
+    print(json.dumps(run_child(args.child.split(","), args.way, args.v)))
     return 0
   files = set(args.files.split(",")) if args.files else None
   start = time.time()
