@@ -36,7 +36,7 @@ def _lm(c, annotated):
       activation_layout=c.activation_layout if annotated else None)
 
 
-def _train(c, backend, mesh_shape, layout, annotated, steps=3):
+def _train(c, backend, mesh_shape, layout, annotated, steps=2):
   step_fn = training.TrainStep(
       transformer.loss_fn(_lm(c, annotated)),
       harness.make_impl(backend, mesh_shape, layout),
