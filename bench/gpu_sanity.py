@@ -38,6 +38,7 @@ SIZES = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, d_kv=8,
 MATMUL_LIMITS = {"float32": 1e-5, "tf32": 2e-3, "bfloat16": 1e-2}
 LOSS_LIMIT = 1e-4
 BF16_LOSS_LIMIT = 2e-2
+MODEL_LAYOUT = "batch:data;heads:model;d_ff:model;vocab:model"
 
 
 def emit(**fields):
@@ -73,6 +74,21 @@ def check_matmuls(tf, n=1024):
   return lines
 
 
+def compare_losses(name, mesh_shape, layout, limit, ref_name, run):
+  """One kind=losses line: run() gives (reference losses, losses); ok when
+  their max relative difference is under limit. A run that raises gives
+  ok=false and the error's first line."""
+  try:
+    ref, got = run()
+  except Exception as e:  # pylint: disable=broad-except
+    return emit(kind="losses", run=name, ok=False,
+                error=str(e).strip().splitlines()[0][:300])
+  diff = max(abs(g - r) / abs(r) for g, r in zip(got, ref))
+  return emit(kind="losses", run=name, mesh_shape=mesh_shape, layout=layout,
+              **{ref_name: ref}, gpu=got, max_rel_diff=diff, limit=limit,
+              ok=bool(diff < limit))
+
+
 def losses_on(devices, mesh_shape, layout, steps, ids, hint=None,
               activation_dtype="float32"):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -84,8 +100,7 @@ def losses_on(devices, mesh_shape, layout, steps, ids, hint=None,
   step = mtf.training.TrainStep(
       transformer.loss_fn(lm, variable_dtype=dtypes.VariableDType(
           tf.float32, tf.float32, tf.as_dtype(activation_dtype))),
-      mtf.SimdMeshImpl(mesh_shape, layout, devices,
-                                               communication_hint=hint),
+      mtf.SimdMeshImpl(mesh_shape, layout, devices, communication_hint=hint),
       optimize.AdamWeightDecayOptimizer(1e-2, bias_correction=True))
   return [float(step({"targets": ids})["loss"]) for _ in range(steps)]
 
@@ -119,43 +134,28 @@ def main(argv=None):
   gpu_names = [d.name for d in tf.config.list_logical_devices("GPU")]
   runs = [("1 gpu", gpu_names[:1], "all:1", "")]
   n = len(gpu_names)
+  model = ("data:%d;model:2" % (n // 2), MODEL_LAYOUT)
   if n > 1:
     runs.append(("data:%d" % n, gpu_names, "all:%d" % n, "batch:all"))
     if n % 2 == 0:
-      runs.append(("data:%d;model:2" % (n // 2), gpu_names,
-                   "data:%d;model:2" % (n // 2),
-                   "batch:data;heads:model;d_ff:model;vocab:model"))
+      runs.append((model[0], gpu_names) + model)
   for name, devices, mesh_shape, layout in runs:
-    try:
-      # Logical GPUs share one chip: NCCL refuses that, TF's ring does not.
-      got = losses_on(devices, mesh_shape, layout, args.steps, ids,
-                      hint="ring" if len(devices) > 1 else None)
-    except Exception as e:  # pylint: disable=broad-except
-      lines.append(emit(kind="losses", run=name, ok=False,
-                        error=str(e).strip().splitlines()[0][:300]))
-      continue
-    diff = max(abs(g - r) / abs(r) for g, r in zip(got, ref))
-    lines.append(emit(kind="losses", run=name, mesh_shape=mesh_shape,
-                      layout=layout, cpu=ref, gpu=got, max_rel_diff=diff,
-                      limit=LOSS_LIMIT, ok=bool(diff < LOSS_LIMIT)))
+    # Logical GPUs share one chip: NCCL refuses that, TF's ring does not.
+    hint = "ring" if len(devices) > 1 else None
+    lines.append(compare_losses(
+        name, mesh_shape, layout, LOSS_LIMIT, "cpu",
+        lambda: (ref, losses_on(devices, mesh_shape, layout, args.steps, ids,
+                                hint=hint))))
   if n > 1 and n % 2 == 0:
     # bfloat16 activations: the model axis's gathers and all-to-alls move
     # bfloat16 bits; against one GPU's bfloat16 run, within bfloat16.
-    model = ("data:%d;model:2" % (n // 2),
-             "batch:data;heads:model;d_ff:model;vocab:model")
-    try:
-      one = losses_on(gpu_names[:1], "all:1", "", args.steps, ids,
-                      activation_dtype="bfloat16")
-      got = losses_on(gpu_names, model[0], model[1], args.steps, ids,
-                      hint="ring", activation_dtype="bfloat16")
-      diff = max(abs(g - r) / abs(r) for g, r in zip(got, one))
-      lines.append(emit(kind="losses", run=model[0] + " bfloat16",
-                        mesh_shape=model[0], layout=model[1], one_gpu=one,
-                        gpu=got, max_rel_diff=diff, limit=BF16_LOSS_LIMIT,
-                        ok=bool(diff < BF16_LOSS_LIMIT)))
-    except Exception as e:  # pylint: disable=broad-except
-      lines.append(emit(kind="losses", run=model[0] + " bfloat16", ok=False,
-                        error=str(e).strip().splitlines()[0][:300]))
+    lines.append(compare_losses(
+        model[0] + " bfloat16", model[0], model[1], BF16_LOSS_LIMIT,
+        "one_gpu",
+        lambda: (losses_on(gpu_names[:1], "all:1", "", args.steps, ids,
+                           activation_dtype="bfloat16"),
+                 losses_on(gpu_names, model[0], model[1], args.steps, ids,
+                           hint="ring", activation_dtype="bfloat16"))))
   ok = all(l["ok"] for l in lines)
   emit(kind="summary", ok=ok)
   return 0 if ok else 1

@@ -2,7 +2,6 @@
 gives the same losses on one device and on data / data+model meshes of
 virtual CPUs (what it checks on logical GPUs), the relative error it
 reports is the norm ratio, and without a GPU it says so and exits 2."""
-import importlib.util
 import os
 import subprocess
 import sys
@@ -11,17 +10,14 @@ import numpy as np
 import pytest
 
 from conftest import DEVICES
+from conftest import load_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
 def _sanity_module():
-  spec = importlib.util.spec_from_file_location(
-      "gpu_sanity", os.path.join(ROOT, "bench", "gpu_sanity.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_file("bench/gpu_sanity.py", "gpu_sanity")
 
 
 def test_losses_agree_across_meshes_of_the_same_model():
@@ -34,7 +30,7 @@ def test_losses_agree_across_meshes_of_the_same_model():
   # (The float32 mesh runs are the harness's layout-invariance, elsewhere.)
   bf16 = sanity.losses_on(
       DEVICES[:2], "data:1;model:2",
-      "batch:data;heads:model;d_ff:model;vocab:model", 2, ids, hint="ring",
+      sanity.MODEL_LAYOUT, 2, ids, hint="ring",
       activation_dtype="bfloat16")
   assert bf16 == pytest.approx(one, rel=sanity.BF16_LOSS_LIMIT)
   assert bf16 != one
@@ -55,3 +51,20 @@ def test_without_a_gpu_it_says_so_and_exits_2():
   assert '"kind": "env"' in proc.stdout and '"gpus": []' in proc.stdout
   assert proc.stderr.strip().splitlines()[-1] == (
       "bench/gpu_sanity.py: TensorFlow sees no GPU")
+
+
+def test_compare_losses_lines(capsys):
+  sanity = _sanity_module()
+  line = sanity.compare_losses("data:2", "all:2", "batch:all", 1e-4, "cpu",
+                               lambda: ([2.0, 1.0], [2.0, 1.00005]))
+  assert line["ok"] and line["cpu"] == [2.0, 1.0]
+  assert line["max_rel_diff"] == pytest.approx(5e-5)
+  assert not sanity.compare_losses("m", "all:2", "", 1e-4, "cpu",
+                                   lambda: ([1.0], [1.001]))["ok"]
+
+  def broken():
+    raise ValueError("no kernel\nmore")
+  line = sanity.compare_losses("m", "all:2", "", 1e-4, "cpu", broken)
+  assert line == {"kind": "losses", "run": "m", "ok": False,
+                  "error": "no kernel"}
+  assert capsys.readouterr().out.count('"kind": "losses"') == 3

@@ -3,7 +3,6 @@ data-parallel and model-parallel layouts end to end, a mode TF cannot
 compile becomes a "skip" line, every run line carries its config, and
 flops / MFU / tokens/s follow the printed formula. Without a GPU (and
 without --cpu_smoke) it says so in one line. No timing is asserted."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,17 +10,15 @@ import sys
 
 import pytest
 
+from conftest import load_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 
 
 def _bench_module():
-  spec = importlib.util.spec_from_file_location(
-      "gpu_step", os.path.join(ROOT, "bench", "gpu_step.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_file("bench/gpu_step.py", "gpu_step")
 
 
 def test_cpu_smoke_prints_runs_whose_mfu_follows_the_formula():

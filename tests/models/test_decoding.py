@@ -12,7 +12,6 @@ checked against numpy (log probabilities from the full model, GNMT length
 penalty) and against greedy decoding; the encoder-decoder decodes on two
 layouts; a trained tiny LM decodes the copy task.
 """
-import importlib.util
 import os
 
 import numpy as np
@@ -20,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import harness
+from conftest import load_file
 import meshtf as mtf
 from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.models import decoding
@@ -32,12 +32,9 @@ from meshtf.models import transformer_layers as tl
 def _load_test_transformer():
   """test_transformer.py's helpers (the copy-task batches, the tiny
   encoder-decoder); pytest imports test files by path, not as modules."""
-  path = os.path.join(os.path.dirname(__file__), "test_transformer.py")
-  spec = importlib.util.spec_from_file_location("_test_transformer_helpers",
-                                                path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_file(os.path.join(os.path.dirname(__file__),
+                                "test_transformer.py"),
+                   "_test_transformer_helpers")
 
 
 _tt = _load_test_transformer()

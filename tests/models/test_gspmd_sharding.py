@@ -6,12 +6,12 @@ losses and variables, and its forward pass allgathers BSM over Y and the
 weights over X and reduce-scatters the layers' outputs over Y, as Figure 7
 draws.
 """
-import importlib.util
 import os
 
 import numpy as np
 
 import harness
+from conftest import load_file
 from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.models import optimize
 from meshtf.models import training
@@ -22,10 +22,7 @@ CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "t2t_configs",
 
 
 def _config(arg):
-  spec = importlib.util.spec_from_file_location("gspmd_dense", CONFIG)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_file(CONFIG, "gspmd_dense").get_config(arg)
 
 
 def _lm(c, annotated):

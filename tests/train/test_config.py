@@ -16,7 +16,6 @@
   and their parameter counts match the papers'.
 """
 import glob
-import importlib.util
 import os
 
 import pytest
@@ -26,17 +25,15 @@ from meshtf.models import transformer
 from meshtf.train import config as config_lib
 from meshtf.train import experiment
 
+from conftest import load_file
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "t2t_configs")
 
 
 def load(name):
-  path = os.path.join(CONFIGS, name + ".py")
-  spec = importlib.util.spec_from_file_location("t2t_" + name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  return load_file(os.path.join(CONFIGS, name + ".py"), "t2t_" + name)
 
 
 def problems(config, **kwargs):
