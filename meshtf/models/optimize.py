@@ -169,6 +169,9 @@ def clip_by_global_norm(grads, clip_norm):
     raise ValueError("clip_by_global_norm: every gradient is None")
   squares = [reductions.reduce_sum(elementwise.square(
       elementwise.cast(g, tf.float32))) for g in present]
+  # One fused allreduce per mesh axes, not one per gradient split another
+  # way (sums over the same axes would add up pending anyway).
+  graph_lib.reduce_together(squares)
   norm = elementwise.sqrt(elementwise.add_n(squares))
   clip_norm = _cast(clip_norm, tf.float32)
   scale = clip_norm / _maximum(norm, clip_norm)
@@ -224,10 +227,14 @@ class Optimizer(object):
       return []
     if step is not None:
       self._use_step(_as_variable(variables[0]).graph, step)
-    ops = []
-    for grad, var in zip(grads, variables):
-      ops.extend(self.apply_grad(grad, var))
-    return ops
+    if type(self).apply_grad is not Optimizer.apply_grad:
+      # A port's own per-variable hook (Mesh TF's API) is called as there.
+      return [op for grad, var in zip(grads, variables)
+              for op in self.apply_grad(grad, var)]
+    items = [self._prepare(grad, var) for grad, var in zip(grads, variables)]
+    items = [item for item in items if item is not None]
+    ops = list(self._update_all(items)) if items else []
+    return ops + self._take_new_ops(_as_variable(variables[0]).graph)
 
   def apply_grad(self, grad, var):
     """Updates one variable and its slots; returns a list of Operations.
@@ -235,23 +242,39 @@ class Optimizer(object):
     Example:
       >>> ops = SgdOptimizer(0.1).apply_grad(grad_w, w)
     """
+    item = self._prepare(grad, var)
+    ops = list(self._update_all([item])) if item is not None else []
+    return ops + self._take_new_ops(_as_variable(var).graph)
+
+  def _prepare(self, grad, var):
+    """(grad, Variable, value) in the compute dtype, grad laid out like
+    the variable; None (with a warning) where grad is None."""
     var = _as_variable(var)
     if grad is None:
       logging.warning("Gradient is None for variable %s", var.name)
-      return []
+      return None
     if grad.shape != var.shape:
       raise ValueError("apply_grad: gradient %s has shape %s but variable %r "
                        "has shape %s" % (grad.name, grad.shape, var.name,
                                          var.shape))
     dtype = _compute_dtype(var)
     grad = elementwise.cast(in_variable_layouts([grad], [var])[0], dtype)
-    ops = list(self._update(grad, var,
-                            elementwise.cast(var.outputs[0], dtype)))
-    # The step counter's increment, the first time it is made in a graph.
-    state = self._state(var.graph)
-    ops.extend(state.new_ops)
-    state.new_ops = []
+    return grad, var, elementwise.cast(var.outputs[0], dtype)
+
+  def _take_new_ops(self, graph):
+    """The step counter's increment, the first time it is made in a graph
+    (then never again)."""
+    state = self._state(graph)
+    ops, state.new_ops = state.new_ops, []
     return ops
+
+  def _update_all(self, items):
+    """The assign Operations for every (grad, var, value) of items: by
+    default each variable's _update in turn. An optimizer whose updates
+    reduce over split dims overrides this to build all variables' updates
+    phase by phase, so that each phase's reductions go out fused
+    (AdafactorOptimizer)."""
+    return [op for item in items for op in self._update(*item)]
 
   def _update(self, grad, var, value):
     raise NotImplementedError("%s must implement _update(grad, var, value)"
@@ -440,204 +463,6 @@ class AdamWeightDecayOptimizer(Optimizer):
             variables_lib.assign(v, next_v)]
 
 
-class AdafactorOptimizer(Optimizer):
-  """Adafactor (Shazeer and Stern, 2018) as in Mesh TensorFlow.
-
-  The second moment of a parameter with two dims of size >=
-  min_dim_size_to_factor is factored over its two largest dims d0, d1: a row
-  accumulator '<var>/slot_vr' (shape without d0) and a column accumulator
-  '<var>/slot_vc' (shape without d1), v ~ vr * vc / mean_d1(vr). Other
-  parameters keep a full '<var>/slot_v'. The update is clipped to RMS
-  clipping_threshold, scaled by max(rms(var), epsilon2) when
-  multiply_by_parameter_scale, and, with beta1 > 0, averaged in '<var>/slot_m'.
-
-  Dims named in stacked_dim_names (Mesh TF's option) are never factored
-  nor reduced over: a stack of independent weights gets one pair of
-  accumulators and one parameter scale per member. Dims named in
-  not_factored (meshtf's; default: "experts") are only never factored: an
-  MoE layer's experts get their own accumulators, which keep the experts'
-  split (factoring over 2,048 experts instead would average the experts'
-  statistics together and replicate a [d_model, hidden] accumulator on
-  every device; the plan report found it), and share one parameter scale.
-  Variables whose name contains a string in exclude_from_parameter_scale
-  are updated at learning_rate, not scaled by their RMS.
-
-  Defaults depend on the step s (updates already applied):
-  decay_rate = 1 - (s + 1)^-0.8, learning_rate = min(0.01, 1/sqrt(s + 1))
-  (times 0.05 without parameter scale unless the unit-scaling convention
-  is on when the optimizer is made, as in Mesh TensorFlow).
-
-  Example:
-    >>> opt = AdafactorOptimizer(beta1=0.9, stacked_dim_names=["layers"],
-    ...                          exclude_from_parameter_scale=["bias"])
-    >>> ops = opt.apply_grads(grads, graph_variables)
-  """
-
-  def __init__(self, multiply_by_parameter_scale=True, learning_rate=None,
-               decay_rate=None, beta1=0.0, clipping_threshold=1.0,
-               factored=True, epsilon1=1e-30, epsilon2=1e-3,
-               min_dim_size_to_factor=128, stacked_dim_names=None,
-               exclude_from_parameter_scale=None, not_factored=("experts",)):
-    self._multiply_by_parameter_scale = multiply_by_parameter_scale
-    if learning_rate is None:
-      learning_rate = self._learning_rate_default(multiply_by_parameter_scale)
-    self._learning_rate = learning_rate
-    self._decay_rate = (adafactor_decay_rate_pow() if decay_rate is None
-                        else decay_rate)
-    self._beta1 = beta1
-    self._clipping_threshold = clipping_threshold
-    self._factored = factored
-    self._epsilon1 = epsilon1
-    self._epsilon2 = epsilon2
-    self._min_dim_size_to_factor = min_dim_size_to_factor
-    self._stacked_dim_names = list(stacked_dim_names or ())
-    self._exclude_from_parameter_scale = list(
-        exclude_from_parameter_scale or ())
-    self._not_factored = (frozenset(not_factored or ())
-                          | frozenset(self._stacked_dim_names))
-
-  @staticmethod
-  def _learning_rate_default(multiply_by_parameter_scale):
-    # Lazy: mesh_tf_layers imports meshtf's top level.
-    from meshtf.models import mesh_tf_layers  # pylint: disable=g-import-not-at-top
-    # As Mesh TF: no 0.05 under the unit-scaling convention (read here).
-    scale = (1.0 if multiply_by_parameter_scale
-             or mesh_tf_layers.unit_scaling_convention() else 0.05)
-    return lambda step: _minimum(_rsqrt(step + 1.0), 0.01) * scale
-
-  def _factored_dims(self, shape):
-    """The two largest dims (not in not_factored or stacked_dim_names) if
-    both are >= min_dim_size_to_factor, else None."""
-    dims = [d for d in shape.dims if d.name not in self._not_factored]
-    if not self._factored or len(dims) < 2:
-      return None
-    sorted_dims = sorted(dims, key=lambda d: -d.size)
-    if sorted_dims[1].size < self._min_dim_size_to_factor:
-      return None
-    return sorted_dims[:2]
-
-  def _parameter_scale(self, value):
-    """max(rms(value), epsilon2), one per member of the stacked dims. The
-    floor lets zero-initialised parameters move at all."""
-    stacked = [d for d in value.shape.dims
-               if d.name in self._stacked_dim_names]
-    return elementwise.maximum(reduce_rms(value, output_shape=stacked),
-                               self._epsilon2)
-
-  def _scales_by_parameter(self, var):
-    return self._multiply_by_parameter_scale and not any(
-        s in var.name for s in self._exclude_from_parameter_scale)
-
-  def _update(self, grad, var, value):
-    mesh, dtype = var.mesh, grad.dtype
-    decay_rate = self._hparam(mesh, "decay_rate", self._decay_rate, dtype)
-    learning_rate = self._lr_for(var, self._learning_rate, dtype)
-    mixing_rate = 1.0 - decay_rate
-    grad_squared = elementwise.square(grad) + self._epsilon1
-    updates = []
-    factored_dims = self._factored_dims(var.shape)
-    if factored_dims:
-      d0, d1 = factored_dims
-      vr_shape, vc_shape = var.shape - d0, var.shape - d1
-      vr = _slot(var, "vr", vr_shape, dtype)
-      vc = _slot(var, "vc", vc_shape, dtype)
-      new_vr = vr * decay_rate + reductions.reduce_mean(
-          grad_squared, output_shape=vr_shape) * mixing_rate
-      new_vc = vc * decay_rate + reductions.reduce_mean(
-          grad_squared, output_shape=vc_shape) * mixing_rate
-      updates += [variables_lib.assign(vr, new_vr),
-                  variables_lib.assign(vc, new_vc)]
-      long_term_mean = reductions.reduce_mean(new_vr, reduced_dim=d1)
-      r_factor = elementwise.rsqrt(new_vr / long_term_mean)
-      c_factor = elementwise.rsqrt(new_vc)
-      x = grad * r_factor * c_factor
-    else:
-      v = _slot(var, "v", dtype=dtype)
-      new_v = v * decay_rate + grad_squared * mixing_rate
-      updates.append(variables_lib.assign(v, new_v))
-      x = grad * elementwise.rsqrt(new_v)
-    if self._clipping_threshold is not None:
-      x = x / elementwise.maximum(
-          reduce_rms(x) * (1.0 / self._clipping_threshold), 1.0)
-    update_scale = learning_rate
-    if self._scales_by_parameter(var):
-      update_scale = self._parameter_scale(value) * learning_rate
-    subtrahend = x * update_scale
-    if self._beta1:
-      m = _slot(var, "m", dtype=dtype)
-      subtrahend = m * self._beta1 + subtrahend * (1.0 - self._beta1)
-      updates.append(variables_lib.assign(m, subtrahend))
-    # assign_sub, not assign(var - ...): see SgdOptimizer.
-    updates.append(variables_lib.assign_sub(var, subtrahend))
-    return updates
-
-
-def adafactor_decay_rate_pow(exponent=0.8, offset=0):
-  """Decay rate 1 - (step - offset + 1)^-exponent: memory grows as
-  step^exponent. For fine-tuning, offset is the fine-tuning's first step.
-  Returns a function of the step, for AdafactorOptimizer(decay_rate=...)
-  (Mesh TF returned the value at its TF1 global step).
-
-  Example:
-    >>> adafactor_decay_rate_pow()(0.0)
-    0.0
-    >>> opt = AdafactorOptimizer(decay_rate=adafactor_decay_rate_pow(
-    ...     offset=10000))
-  """
-  return lambda step: 1.0 - _pow(step_num(step) - offset + 1.0, -exponent)
-
-
-def adafactor_decay_rate_adam(beta2):
-  """Adam-like decay rate beta2 (1 - beta2^(t-1)) / (1 - beta2^t), t = step
-  + 1: folds Adam's bias correction into the decay. A function of the step
-  (Mesh TF returned the value at its TF1 global step).
-
-  Example:
-    >>> opt = AdafactorOptimizer(decay_rate=adafactor_decay_rate_adam(0.999))
-  """
-  def decay(step):
-    t = step_num(step) + 1.0
-    return beta2 * (1.0 - _pow(beta2, t - 1.0)) / (1.0 - _pow(beta2, t))
-  return decay
-
-
-def adafactor_optimizer_from_hparams(hparams, lr):
-  """An AdafactorOptimizer from Mesh TF (tensor2tensor) hparams, with
-  learning rate lr. hparams.optimizer_adafactor_decay_type "Adam" decays
-  like adafactor_decay_rate_adam(optimizer_adafactor_beta2), "pow" like
-  adafactor_decay_rate_pow(optimizer_adafactor_memory_exponent);
-  optimizer_adafactor_multiply_by_parameter_scale, _beta1,
-  _clipping_threshold and _factored set the options of the same names.
-
-  Example:
-    >>> hp = types.SimpleNamespace(
-    ...     optimizer_adafactor_decay_type="pow",
-    ...     optimizer_adafactor_memory_exponent=0.8,
-    ...     optimizer_adafactor_multiply_by_parameter_scale=True,
-    ...     optimizer_adafactor_beta1=0.0,
-    ...     optimizer_adafactor_clipping_threshold=1.0,
-    ...     optimizer_adafactor_factored=True)
-    >>> opt = adafactor_optimizer_from_hparams(hp, 0.01)
-  """
-  decay_type = hparams.optimizer_adafactor_decay_type
-  if decay_type == "Adam":
-    decay_rate = adafactor_decay_rate_adam(hparams.optimizer_adafactor_beta2)
-  elif decay_type == "pow":
-    decay_rate = adafactor_decay_rate_pow(
-        hparams.optimizer_adafactor_memory_exponent)
-  else:
-    raise ValueError("adafactor_optimizer_from_hparams: unknown "
-                     "optimizer_adafactor_decay_type %r (use 'Adam' or "
-                     "'pow')" % (decay_type,))
-  return AdafactorOptimizer(
-      multiply_by_parameter_scale=(
-          hparams.optimizer_adafactor_multiply_by_parameter_scale),
-      learning_rate=lr, decay_rate=decay_rate,
-      beta1=hparams.optimizer_adafactor_beta1,
-      clipping_threshold=hparams.optimizer_adafactor_clipping_threshold,
-      factored=hparams.optimizer_adafactor_factored)
-
-
 # --- several learning-rate schedules in one optimizer -------------------------
 class _MultiLRSchedule(object):
   """Variables whose name matches variable_search[i] (re.search) learn at
@@ -669,29 +494,6 @@ class _MultiLRSchedule(object):
     rate = compute_lr_for_step(self.alt_lr_schedules, value,
                                self.train_steps)[i]
     return self._hparam(var.mesh, "lr/alt_%d" % i, rate, dtype)
-
-
-class AdafactorWithMultiLRSchedule(_MultiLRSchedule, AdafactorOptimizer):
-  """Adafactor with other learning-rate schedules for some variables.
-
-  variable_search: regexes; alt_lr_schedules: one product_learning_rate
-  factor list per regex (None: the optimizer's learning_rate), evaluated at
-  the optimizer's step with total_train_steps = train_steps (Mesh TF's
-  gin-configured compute_lr_for_step.train_steps). Without both, plain
-  Adafactor. Other keyword arguments are AdafactorOptimizer's.
-
-  Example:
-    >>> opt = AdafactorWithMultiLRSchedule(
-    ...     variable_search=["^decoder/"],
-    ...     alt_lr_schedules=[[0.001, lambda s, total: 1.0 - s / total]],
-    ...     train_steps=10000, learning_rate=0.01)
-    >>> ops = opt.apply_grads(grads, variables)
-  """
-
-  def __init__(self, variable_search=None, alt_lr_schedules=None,
-               train_steps=524288, **kwargs):
-    super().__init__(**kwargs)
-    self._init_schedules(variable_search, alt_lr_schedules, train_steps)
 
 
 class AdamWithMultiLRSchedule(_MultiLRSchedule, AdamWeightDecayOptimizer):
@@ -739,6 +541,14 @@ def make_optimizer(name, learning_rate, **kwargs):
   if key == "adafactor":
     return AdafactorOptimizer(learning_rate=learning_rate, **kwargs)
   return classes[key](learning_rate, **kwargs)
+
+
+# Adafactor lives in its own module; optimize keeps its names.
+from meshtf.models.adafactor import AdafactorOptimizer  # noqa: E402
+from meshtf.models.adafactor import AdafactorWithMultiLRSchedule  # noqa: E402,E501
+from meshtf.models.adafactor import adafactor_decay_rate_adam  # noqa: E402
+from meshtf.models.adafactor import adafactor_decay_rate_pow  # noqa: E402
+from meshtf.models.adafactor import adafactor_optimizer_from_hparams  # noqa: E402,E501
 
 
 __all__ = [

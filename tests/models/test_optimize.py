@@ -374,15 +374,40 @@ def test_update_adds_no_communication(case):
   assert sgd and other.collective_stats() == sgd
 
 
-def test_adafactor_communicates_only_small_allreduces():
-  """Row/column means and RMS scalars: allreduces of at most a row."""
+def test_adafactor_fuses_small_allreduces_across_variables():
+  """Adafactor adds only row/column means and RMS scalars (at most a row
+  per variable); built phase by phase, the variables' reductions of a
+  phase go out fused: fewer collectives, the same elements, the same
+  numbers as one allreduce per reduction (bucket_bytes=0)."""
   layout = ("rows:2;cols:4", "io:rows;hidden:cols")
+  count = lambda stats: sum(s["count"] for s in stats)  # noqa: E731
+  elements = lambda stats: sum(  # noqa: E731
+      s["elements_per_device"] * s["count"] for s in stats)
   sgd = train(CASES["sgd"][0], "simd", *layout, steps=1)[2].collective_stats()
-  stats = train(CASES["adafactor_factored_beta1"][0], "simd", *layout,
-                steps=1)[2].collective_stats()
-  extra = [s for s in stats if s not in sgd]
-  assert extra and all(s["kind"] == "allreduce_sum" for s in extra), stats
+  runs = {}
+  for bucket_bytes in (0, None):
+    fn = mtf.MeshFunction(build_step(CASES["adafactor_factored_beta1"][0]),
+                          harness.make_impl("simd", *layout),
+                          bucket_bytes=bucket_bytes)
+    losses = [float(fn(tf.constant(X_NP), tf.constant(T_NP)))
+              for _ in range(2)]
+    stats = fn.collective_stats()
+    assert all(s["kind"] == "allreduce_sum" for s in stats), stats
+    runs[bucket_bytes] = (losses, fn.variable_value("w"), stats)
+  per_reduction, fused = runs[0][2], runs[None][2]
+  extra = [s for s in per_reduction if s not in sgd]
   assert max(s["elements_per_device"] for s in extra) <= 16 // 4, extra
+  # w: row mean (io, over cols: 4 elements), column mean (hidden, over
+  # rows: 4), its parameter scale and clipping RMS (over both), the row
+  # accumulator's mean (over rows); b: its two RMS scalars (over cols).
+  assert count(per_reduction) - count(sgd) == 7, per_reduction
+  # Fused per phase and mesh axes: w's row mean with b's parameter scale.
+  assert count(fused) - count(sgd) == 6, fused
+  assert {"mesh_axes": ("cols",), "elements_per_device": 5} in [
+      {k: s[k] for k in ("mesh_axes", "elements_per_device")} for s in fused]
+  assert elements(fused) == elements(per_reduction)
+  np.testing.assert_allclose(runs[None][0], runs[0][0], rtol=1e-6)
+  np.testing.assert_allclose(runs[None][1], runs[0][1], rtol=1e-6)
 
 
 def test_data_parallel_layout():
