@@ -666,6 +666,24 @@ def test_apply_grad_accepts_variables_in_every_form():
   assert opt.apply_grad(None, b) == []
 
 
+def test_apply_grads_calls_a_ports_own_apply_grad():
+  """A Mesh TF port that overrides apply_grad (Mesh TF's per-variable
+  hook) gets it called once per variable, as in Mesh TF."""
+  mesh = mtf.Mesh(mtf.Graph(), "m")
+  w, b = (mtf.get_variable(mesh, "w", W_SHAPE),
+          mtf.get_variable(mesh, "b", B_SHAPE))
+  seen = []
+
+  class Ported(optimize.Optimizer):
+    def apply_grad(self, grad, var):
+      seen.append(var.name)
+      return [mtf.assign_sub(var, grad * 0.5)]
+
+  ops = Ported().apply_grads([mtf.ones(mesh, W_SHAPE),
+                              mtf.ones(mesh, B_SHAPE)], [w, b])
+  assert seen == [w.name, b.name] and len(ops) == 2
+
+
 def test_errors():
   mesh = mtf.Mesh(mtf.Graph(), "m")
   w = mtf.get_variable(mesh, "w", W_SHAPE)
