@@ -52,6 +52,25 @@ class Initializer(object):
 _TRACED = {}
 
 
+class _SliceValue(object):
+  """(key words, begin) -> one slice's initial value, for one (initializer,
+  slice shape, full shape, dtype). A callable object, not a closure: TF's
+  retracing warning counts the tf.functions of one code object together, and
+  a model's variables make one function per shape by design (each traced
+  once), which it would report as "triggered tf.function retracing"."""
+
+  def __init__(self, initializer, slice_shape, full_shape, dtype):
+    self._initializer = initializer
+    self._slice_shape = list(slice_shape)
+    self._full_shape = list(full_shape)
+    self._dtype = dtype
+
+  def __call__(self, key_words, begin):
+    return self._initializer.slice_value(
+        (key_words[0], key_words[1]), begin, self._slice_shape,
+        self._full_shape, self._dtype)
+
+
 def traced_slice_fn(initializer, key, full_shape, dtype):
   """fn(begin, slice_shape) -> the slice's initial value, through a cached
   tf.function that takes the variable's key as an argument. The result has
@@ -77,9 +96,7 @@ def traced_slice_fn(initializer, key, full_shape, dtype):
     cache = (params, tuple(slice_shape), tuple(full_shape), dtype)
     if cache not in _TRACED:
       _TRACED[cache] = tf.function(
-          lambda k, b: initializer.slice_value((k[0], k[1]), b,
-                                               list(slice_shape),
-                                               list(full_shape), dtype),
+          _SliceValue(initializer, slice_shape, full_shape, dtype),
           autograph=False)
     # Made here, in the caller's (eager) init scope, not while tracing.
     return _TRACED[cache](tf.constant(np.array(key, np.uint32)), begin)

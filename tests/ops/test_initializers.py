@@ -5,6 +5,7 @@ element index): every layout gives bit-identical values. On a large tensor
 each initializer has the distribution it promises, and TensorFlow / Keras
 initializer objects convert to the same distribution.
 """
+import logging
 import math
 
 import numpy as np
@@ -360,3 +361,25 @@ def test_fills_run_eagerly_and_leave_no_cached_constant(initializer, fills):
     np.testing.assert_array_equal(
         value, np.full([2, 3], {"ZerosInitializer": 0.0, "OnesInitializer":
                                 1.0}.get(type(initializer).__name__, 2.5)))
+
+
+def test_one_function_per_shape_is_not_reported_as_retracing():
+  """A model's variables trace one initializer function per shape, each
+  once: TF must not warn "... triggered tf.function retracing" about it
+  (it counted the closures of one lambda together)."""
+  records = []
+
+  class Collect(logging.Handler):
+    def emit(self, record):
+      records.append(record.getMessage())
+
+  handler = Collect()
+  tf.get_logger().addHandler(handler)
+  try:
+    initializer = initializers.RandomUniformInitializer(minval=-7.0)
+    for n in range(3, 12):
+      fn = initializers.traced_slice_fn(initializer, (5, n), [n], tf.float32)
+      assert fn(tf.constant([0], tf.int64), [n]).shape == (n,)
+  finally:
+    tf.get_logger().removeHandler(handler)
+  assert not [r for r in records if "retracing" in r], records
