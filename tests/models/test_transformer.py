@@ -72,6 +72,30 @@ def test_lm_layout_invariant_packed_smoothing_gated():
       rtol=2e-4, atol=2e-5)
 
 
+def test_loss_and_metric_sums_go_out_as_one_allreduce():
+  """With the batch split, the token count, the loss sum and the correct
+  count are one fused allreduce of 3 scalars (metrics made before read)."""
+  targets = _packed_lm_batch(1)[0]
+  lm = transformer.make_unitransformer(
+      vocab_size=V, d_model=8, num_layers=1, num_heads=4, d_kv=4, d_ff=16,
+      max_length=L, vocab_divisor=1)
+
+  def model(mesh, ids):
+    _, loss, metrics = transformer.compute_logits_loss_metrics(
+        lm, {"targets": mtf.import_tf_tensor(mesh, ids, "batch:%d;length:%d"
+                                             % (B, L))})
+    return [loss, metrics["accuracy"], metrics["num_tokens"]]
+  fn = mtf.MeshFunction(model, harness.make_impl("simd", "all:4",
+                                                  "batch:all"))
+  one = mtf.MeshFunction(model, harness.make_impl("simd", "all:1", ""))
+  np.testing.assert_allclose([float(v) for v in fn(tf.constant(targets))],
+                             [float(v) for v in one(tf.constant(targets))],
+                             rtol=1e-6)
+  stats = fn.collective_stats()
+  assert [(s["elements_per_device"], s["count"]) for s in stats] == [
+      (3, 1)], stats
+
+
 def test_step_dropout_is_layout_invariant():
   x_np = harness.random_array([B, L, 8], 3)
 
