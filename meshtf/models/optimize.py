@@ -50,8 +50,6 @@ from meshtf.ops import variables as variables_lib
 # The schedules are optimize's names too (Mesh TF's optimize.py held
 # product_learning_rate and compute_lr_for_step).
 from meshtf.models.schedules import _maximum
-from meshtf.models.schedules import _minimum
-from meshtf.models.schedules import _rsqrt
 from meshtf.models.schedules import compute_lr_for_step
 from meshtf.models.schedules import constant
 from meshtf.models.schedules import linear_decay
