@@ -123,7 +123,7 @@ class AdafactorOptimizer(optimize.Optimizer):
       pending = []
       for u in updates:
         pending.extend(getattr(u, phase)())
-      graph_lib.reduce_together([p for p in pending if p is not None])
+      graph_lib.reduce_together(pending)   # skips the None entries
     return [op for u in updates for op in u.ops]
 
 

@@ -229,10 +229,7 @@ class Optimizer(object):
       # A port's own per-variable hook (Mesh TF's API) is called as there.
       return [op for grad, var in zip(grads, variables)
               for op in self.apply_grad(grad, var)]
-    items = [self._prepare(grad, var) for grad, var in zip(grads, variables)]
-    items = [item for item in items if item is not None]
-    ops = list(self._update_all(items)) if items else []
-    return ops + self._take_new_ops(_as_variable(variables[0]).graph)
+    return self._apply(zip(grads, variables))
 
   def apply_grad(self, grad, var):
     """Updates one variable and its slots; returns a list of Operations.
@@ -240,9 +237,16 @@ class Optimizer(object):
     Example:
       >>> ops = SgdOptimizer(0.1).apply_grad(grad_w, w)
     """
-    item = self._prepare(grad, var)
-    ops = list(self._update_all([item])) if item is not None else []
-    return ops + self._take_new_ops(_as_variable(var).graph)
+    return self._apply([(grad, var)])
+
+  def _apply(self, pairs):
+    """The update of every (grad, var) of pairs (one _update_all over the
+    present gradients), then the step counter's increment if it was made."""
+    pairs = list(pairs)
+    items = [self._prepare(grad, var) for grad, var in pairs]
+    items = [item for item in items if item is not None]
+    ops = list(self._update_all(items)) if items else []
+    return ops + self._take_new_ops(_as_variable(pairs[0][1]).graph)
 
   def _prepare(self, grad, var):
     """(grad, Variable, value) in the compute dtype, grad laid out like
