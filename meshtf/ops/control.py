@@ -29,6 +29,7 @@ Example:
 """
 # The ops here own sub-graphs and reach into each other's parts.
 # pylint: disable=protected-access
+import contextlib
 import copy
 
 import tensorflow as tf
@@ -159,6 +160,22 @@ def _finish_sum(impl, slices, pending_axes, key):
   return value
 
 
+@contextlib.contextmanager
+def _counted(impl, times):
+  """The collectives a loop body emits (traced once) counted `times`
+  times: a step runs them once per iteration (Lowering.collective_stats
+  and the plan count per step)."""
+  record = impl._recorder
+  if not times or record is None:
+    yield
+    return
+  impl._recorder = lambda rec: [record(rec) for _ in range(times)]
+  try:
+    yield
+  finally:
+    impl._recorder = record
+
+
 def _tf_while_loop(impl, cond, body, loop_vars, **kwargs):
   """tf.while_loop that stays a functional While op in an SPMD program.
 
@@ -273,6 +290,32 @@ class WhileLoopOperation(graph_lib.Operation):
   num_loop_vars = property(lambda self: self._n)
 
   @property
+  def trip_count(self):
+    """The iterations a run makes, when known before running:
+    maximum_iterations given as a Python int (a pipeline's loop), else
+    None. The plan counts the body's flops, collectives and recorded
+    states this many times."""
+    n = self._tf_kwargs.get("maximum_iterations")
+    return int(n) if isinstance(n, int) and not isinstance(n, bool) else None
+
+  # The new loop state each iteration leaves for the next (the
+  # accumulators' parts are added to their sums as soon as they are made).
+  loop_carried = property(lambda self: list(self._body_out[:self._n]))
+
+  @property
+  def summed_outputs(self):
+    """[(output, body tensor)] of the accumulators: the output is the body
+    tensor summed over the iterations (a pending sum reduced once, after
+    the loop)."""
+    return list(zip(self._outputs[self._n:], self._body_out[self._n:]))
+
+  @property
+  def recorded_state(self):
+    """Indices of the loop variables whose every state the gradients in
+    the graph may read (what the forward loop records per iteration)."""
+    return sorted(set(i for g in self._grad_ops for i in g.state_used))
+
+  @property
   def inner_operations(self):
     return self._cond_ops + self._body_ops
 
@@ -319,6 +362,10 @@ class WhileLoopOperation(graph_lib.Operation):
       return lowering.tensors[self._cond_out].tensor_list[0]
 
     def body(step, state, acc, hist):
+      with _counted(impl, self.trip_count):
+        return lowered_body(step, state, acc, hist)
+
+    def lowered_body(step, state, acc, hist):
       hist = [impl.slicewise(lambda ta, s: ta.write(step, s),
                              impl.LaidOutTensor(tas),
                              impl.LaidOutTensor(state[i])).tensor_list
@@ -424,6 +471,27 @@ class WhileLoopGradOperation(graph_lib.Operation):
   def has_gradient(self):
     return False
 
+  forward = property(lambda self: self._forward)
+  # The forward body's ops each backward iteration re-runs (from the
+  # recorded state) before the body's gradient.
+  recomputed_operations = property(lambda self: list(self._needed))
+  # The backward loop walks the forward loop's iterations.
+  trip_count = property(lambda self: self._forward.trip_count)
+
+  @property
+  def summed_outputs(self):
+    """[(output, body tensor)]: the outside tensors' gradients, each summed
+    over the iterations (pending sums reduced once, after the loop)."""
+    n = len(self._floats)
+    return list(zip(self._outputs[n:], self._captured_grads))
+
+  @property
+  def loop_carried(self):
+    """The tensors each iteration of the backward body leaves for the
+    next: the loop variables' cotangents (the outside tensors' gradients
+    are added to their sums as soon as they are made)."""
+    return [g for g in self._loop_grads if g is not None]
+
   def input_gradients(self):
     """One gradient (or None) per input of the forward loop."""
     return [self._grad_at.get(k) for k in range(len(self._forward.inputs))]
@@ -455,6 +523,10 @@ class WhileLoopGradOperation(graph_lib.Operation):
       return k >= 0
 
     def body(k, g, c):
+      with _counted(impl, fwd.trip_count):
+        return lowered_body(k, g, c)
+
+    def lowered_body(k, g, c):
       _bind(lowering, impl, [body_in[i] for i in self.state_used],
             [impl.slicewise(lambda s: tf.gather(s, k), rec.history[i]
                             ).tensor_list for i in self.state_used])
@@ -646,26 +718,72 @@ class CustomGradientOperation(graph_lib.Operation):
     return grads + [None] * len(self.fn_outputs)
 
 
-def clone_operations(ops, input_mapping):
+class _KeptMixin(object):
+  """A copy of an operation whose outputs were kept from the forward pass
+  (recompute_grad's keep=): it computes nothing -- its outputs are the
+  kept values, its last inputs -- but differentiates as the original on
+  the recomputed operands, its first inputs."""
+
+  def lower(self, lowering):
+    for out, kept in zip(self._outputs, self._inputs[self._n_operands:]):
+      lowering.set_tensor_lowering(out, lowering.pending_or_laid_out(kept))
+
+  @property
+  def output_aliases(self):
+    return {i: self._n_operands + i for i in range(len(self._outputs))}
+
+  def gradient(self, grad_ys):
+    original = copy.copy(self)
+    original.__class__ = self._original_class
+    original._inputs = self._inputs[:self._n_operands]
+    grads = list(self._original_class.gradient(original, grad_ys))
+    return grads + [None] * (len(self._inputs) - self._n_operands)
+
+
+_KEPT_CLASSES = {}
+
+
+def _kept_copy(op, operands, kept_values):
+  """A copy of op on `operands` whose outputs are kept_values (_KeptMixin)."""
+  cls = type(op)
+  if cls not in _KEPT_CLASSES:
+    _KEPT_CLASSES[cls] = type("Kept" + cls.__name__, (_KeptMixin, cls), {})
+  new = copy.copy(op)
+  new.__class__ = _KEPT_CLASSES[cls]
+  new._original_class = cls
+  new._n_operands = len(operands)
+  new._inputs = list(operands) + list(kept_values)
+  return new
+
+
+def clone_operations(ops, input_mapping, kept_values=None):
   """Copies ops onto other inputs (Mesh TensorFlow's
   Graph.clone_operations): input_mapping maps original tensors to
   replacements; returns (the new operations, input_mapping extended with
   original output -> copy). Variables and host imports are not copied.
   Copies keep their names, so a random op draws the same numbers.
+  kept_values: {original output: value} for ops whose outputs are not
+  recomputed: their copies give those values and differentiate as the
+  originals (recompute_grad's keep=).
 
   Example:
     >>> new_ops, mapping = control.clone_operations(ops, {x: x2})
   """
   mapping = dict(input_mapping)
+  kept_values = kept_values or {}
   graph, new_ops = None, []
   for op in ops:
     if _is_source(op):
       continue
     graph = op.graph
-    new = copy.copy(op)
+    operands = [mapping.get(t, t) for t in op.inputs]
+    if op.outputs and all(t in kept_values for t in op.outputs):
+      new = _kept_copy(op, operands, [kept_values[t] for t in op.outputs])
+    else:
+      new = copy.copy(op)
+      new._inputs = operands
     if isinstance(new, WhileLoopOperation):
       new._grad_ops = []
-    new._inputs = [mapping.get(t, t) for t in op.inputs]
     new._outputs = [graph_lib.Tensor(new, t.shape, t.dtype, index=i)
                     for i, t in enumerate(op.outputs)]
     for t, c in zip(op.outputs, new.outputs):
@@ -732,19 +850,17 @@ def _recompute_grad_grad(explicit_inputs, all_inputs, forward_operations,
   copies, so the other forward activations need not be kept."""
   computed = [op for op in forward_operations if not _is_source(op)]
   kept = [op for op in computed if keep is not None and keep(op)]
-  read = _external_inputs(computed)
-  read += [t for op in kept for t in op.outputs]
   grads_in = [g for g in output_grads if g is not None]
-  mapping = {}
-  for t in read:
+
+  def gated(t):
     # The copies wait for the output gradients: they run in the backward
     # pass (TF's executor would otherwise start those that depend only on
     # weights or kept tensors in the forward pass and hold their results),
     # and TensorFlow cannot merge them with the originals.
-    mapping[t] = depend(t, grads_in) if control_dependencies else t
-  kept = set(kept)
-  ops, mapping = clone_operations(
-      [op for op in forward_operations if op not in kept], mapping)
+    return depend(t, grads_in) if control_dependencies else t
+  mapping = {t: gated(t) for t in _external_inputs(computed)}
+  kept_values = {t: gated(t) for op in kept for t in op.outputs}
+  ops, mapping = clone_operations(forward_operations, mapping, kept_values)
   reached = [(mapping.get(t, t), g) for t, g in zip(outputs, output_grads)
              if g is not None]
   grads = autodiff.gradients([t for t, _ in reached],
