@@ -21,9 +21,9 @@ costs, and leaves out the small rest:
     reduced in fused buckets as the lowering's Bucketer forms them
     (meshtf/lowering/bucketing.py, same cap).
 
-Left out: top_k/sort gathers, shift and conv halos (permutes), and the
-gather of ids split like the table (these are small or rare in the models
-here); tests/plan/test_estimate.py measures the gap against traced plans.
+Left out: top_k/sort gathers, conv halos and shifts along a dim split
+unevenly or over several axes (permutes), and the gather of ids split
+like the table (these are small or rare in the models here); tests/plan/test_estimate.py measures the gap against traced plans.
 
 Example:
   >>> records = estimate_collectives(graph.operations, graph_layout)
@@ -34,6 +34,7 @@ import collections
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import bucketing
 from meshtf.lowering import lowering as lowering_lib
+from meshtf.plan import accounting
 
 _LINEAR_UNARY = ("negative", "identity")
 # Operations whose partial sums may wait (their lowering makes a PendingSum).
@@ -52,10 +53,12 @@ class _Recorder(object):
     # collective's input is ready and where its result is first needed.
     self.events = []
     self.span = (0, 0)
+    self.times = 1
 
   def _count(self, key):
-    self.counts[key] = self.counts.get(key, 0) + 1
-    self.events.append((key,) + tuple(self.span))
+    # An op inside a loop runs its collectives once per iteration.
+    self.counts[key] = self.counts.get(key, 0) + self.times
+    self.events.extend([(key,) + tuple(self.span)] * self.times)
 
   def add(self, kind, mesh_axes, elements, itemsize):
     group = 1
@@ -94,8 +97,7 @@ class _Recorder(object):
 def _is_linear_reader(op, tensor, pending):
   """Whether op keeps tensor's pending sum pending (see the docstring)."""
   name = type(op).__name__
-  if name in ("ScalarMultiplyOperation", "CustomGradientOperation"):
-    # A custom gradient's outputs are its function's, pending or not.
+  if name == "ScalarMultiplyOperation" or _passes_through(op):
     return True
   if name == "UnaryOperation":
     return getattr(op, "_kind", None) in _LINEAR_UNARY
@@ -106,6 +108,14 @@ def _is_linear_reader(op, tensor, pending):
     return (x in pending and y in pending and pending[x] == pending[y]
             and x.shape == out.shape and y.shape == out.shape)
   return False
+
+
+def _passes_through(op):
+  """Whether op's outputs are some of its inputs, pending or not (a custom
+  gradient's outputs are its function's; a recomputation's copy of a kept
+  op gives the kept value): it reduces and moves nothing."""
+  return (getattr(op, "output_aliases", None) is not None and
+          type(op).__name__ != "DependOperation")
 
 
 def _sums_pending(op):
@@ -226,10 +236,27 @@ def estimate_collectives(operations, graph_layout, outputs=None,
               t.dtype.size)
       reduced.add(t)
 
+  times = collections.Counter()
+  for op, n in accounting.runs_per_step(operations):
+    times[op] += n
+  # A loop's sums over its iterations (accumulators, weight gradients) stay
+  # pending past it when their body tensor is pending: reduced once.
+  loop_ends = collections.defaultdict(list)
   for op in everything:
+    if op.inner_operations and hasattr(op, "summed_outputs"):
+      inner = list(lowering_lib.all_operations(op.inner_operations))
+      loop_ends[position[inner[-1]]].append(op)
+  for op in everything:
+    rec.times = times[op] or 1
     _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
                  relaid, reduce_now, span)
+    rec.times = 1
     after(op)
+    for loop in loop_ends.get(position[op], ()):
+      for out, inner in loop.summed_outputs:
+        if inner in pending and inner not in reduced:
+          pending[out] = pending[inner]
+          reduced.add(inner)
   for members, _ in list(buckets.values()):
     rec.span = (len(everything) - 1, len(everything))
     issue(members)
@@ -241,6 +268,30 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   if timeline is not None:
     timeline.extend(rec.timeline())
   return rec.records()
+
+
+def _estimate_shift(op, layout, rec):
+  """The collective permutes of a shift along a dim split evenly over one
+  mesh axis (ShiftOperation's halo exchange: with stripe s and offset
+  q * s + r, r elements from one neighbour and s - r from another); a
+  pipeline's buffer moves one stage each iteration this way."""
+  x = op.inputs[0]
+  n, offset = op._dim.size, op._offset  # pylint: disable=protected-access
+  if op._wrap:  # pylint: disable=protected-access
+    offset %= n
+  elif abs(offset) >= n:
+    return
+  split = layout.dim_split(x.shape, op._axis)  # pylint: disable=protected-access
+  if not offset or len(split.mesh_axes) != 1 or not split.is_even:
+    return
+  stripe = n // layout.axis_size(split.mesh_axis)
+  q, r = offset // stripe, offset % stripe
+  per_element = layout.slice_size(x.shape) // stripe
+  if r:
+    rec.add("permute", [split.mesh_axis], r * per_element, x.dtype.size)
+  if q:
+    rec.add("permute", [split.mesh_axis], (stripe - r if r else stripe) *
+            per_element, x.dtype.size)
 
 
 def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
@@ -272,11 +323,16 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
       reduce_now(t)
     if plan is not None:
       rec.add_plan(plan)
-  if type(op).__name__ == "CustomGradientOperation":
+  if op.inner_operations:
+    return   # a loop: its body's ops are estimated one by one
+  if _passes_through(op):
     for k, i in op.output_aliases.items():
       source = op.inputs[i]
       if source in pending and source not in reduced:
         pending[op.outputs[k]] = pending[source]
+    return
+  if type(op).__name__ == "ShiftOperation":
+    _estimate_shift(op, layout, rec)
     return
   if type(op).__name__ == "ReshapeOperation":
     x, out = op.inputs[0], op.outputs[0]
