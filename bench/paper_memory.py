@@ -46,12 +46,12 @@ ROWS = [
     ("table2_1T_32x64", 15.8, "gspmd_dense.py", "table2_1T_32x64", {}),
     ("table4_16x64", 11.5, "gspmd_dense.py", "table4_4x16x4_16x64", {}),
     ("table4_32x32", 13.1, "gspmd_dense.py", "table4_4x16x4_32x32", {}),
-    ("table6_32E", 10.8, "gshard_moe.py", "table6_32E", {}),
-    ("table6_128E", 11.2, "gshard_moe.py", "table6_128E", {}),
-    ("table6_512E", 11.2, "gshard_moe.py", "table6_512E", {}),
-    ("table6_2048E", 11.6, "gshard_moe.py", "table6_2048E", {}),
-    ("gshard_512E_36L", None, "gshard_moe.py", "512E_36L", {}),
-    ("gshard_2048E_36L", None, "gshard_moe.py", "2048E_36L", {}),
+    ("table6_32E", 10.8, "gshard_moe.py", "gspmd_table6_32E", {}),
+    ("table6_128E", 11.2, "gshard_moe.py", "gspmd_table6_128E", {}),
+    ("table6_512E", 11.2, "gshard_moe.py", "gspmd_table6_512E", {}),
+    ("table6_2048E", 11.6, "gshard_moe.py", "gspmd_table6_2048E", {}),
+    ("gshard_512E_36L", None, "gshard_moe.py", "table1_512E_36L", {}),
+    ("gshard_2048E_36L", None, "gshard_moe.py", "table1_2048E_36L", {}),
 ]
 
 
