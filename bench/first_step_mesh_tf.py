@@ -10,6 +10,8 @@ Phases of the first step, one JSON line per mesh:
                       assignment and lowering into the SPMD program (TF ops),
                       variable creation and initialization
   traces              how many times the build function ran in that trace
+                      (2: tf.function traces again after a first trace that
+                      created variables; retrace_seconds is the second)
   first_call_seconds  the first call of the traced function: TensorFlow's
                       graph optimization and instantiation of the program on
                       each device, then the step itself
@@ -52,7 +54,7 @@ def measure(runner, mesh_shape, profile_dir=None):
   def timed_build(*args):
     start = time.time()
     out = build(*args)
-    builds.append(time.time() - start)
+    builds.append((start, time.time() - start))
     return out
   step._build_fn = timed_build  # pylint: disable=protected-access
   inputs = [tf.constant(runner.inputs[0]), tf.constant(runner.targets[0])]
@@ -62,6 +64,9 @@ def measure(runner, mesh_shape, profile_dir=None):
   start, cpu = time.time(), time.process_time()
   concrete = step._fn.get_concrete_function(*inputs)  # pylint: disable=protected-access
   trace, trace_cpu = time.time() - start, time.process_time() - cpu
+  # tf.function traces again when the first trace created variables (the
+  # per-slice tf.Variables): the time from the second build's start.
+  retrace = (start + trace - builds[1][0]) if len(builds) > 1 else 0.0
   start, cpu = time.time(), time.process_time()
   loss = float(step(*inputs))
   first, first_cpu = time.time() - start, time.process_time() - cpu
@@ -76,7 +81,8 @@ def measure(runner, mesh_shape, profile_dir=None):
       "bench": "first_step_mesh_tf", "model": "mesh_tf_bitransformer",
       "mesh": mesh_shape, "rules": runner.settings["layout_rules"],
       "backend": "simd", "trace_seconds": round(trace, 2),
-      "build_seconds": round(sum(builds), 2), "traces": len(builds),
+      "build_seconds": round(sum(b for _, b in builds), 2),
+      "traces": len(builds), "retrace_seconds": round(retrace, 2),
       "first_call_seconds": round(first, 2),
       "first_step_seconds": round(trace + first, 2),
       # CPU seconds of this process (all threads): steadier than wall time
@@ -85,6 +91,8 @@ def measure(runner, mesh_shape, profile_dir=None):
       "first_call_cpu_seconds": round(first_cpu, 2),
       "second_step_seconds": round(second, 3), "loss": loss,
       "meshtf_ops": len(step.graph.operations),
+      "tf_scalar_imports": sum(op.name.startswith("import_tf_scalar")
+                               for op in step.graph.operations),
       "program_tf_ops": (len(program.graph.get_operations())
                          if hasattr(program, "graph") else None),
       "outer_tf_ops": len(concrete.graph.get_operations())}
