@@ -91,7 +91,7 @@ def measure(runner, mesh_shape, profile_dir=None):
       "first_call_cpu_seconds": round(first_cpu, 2),
       "second_step_seconds": round(second, 3), "loss": loss,
       "meshtf_ops": len(step.graph.operations),
-      "tf_scalar_imports": sum(op.name.startswith("import_tf_scalar")
+      "tf_scalar_imports": sum("import_tf_scalar" in op.name
                                for op in step.graph.operations),
       "program_tf_ops": (len(program.graph.get_operations())
                          if hasattr(program, "graph") else None),
