@@ -13,7 +13,7 @@ def test_import_creates_no_devices_and_starts_no_tf_work():
           "[tf.config.LogicalDeviceConfiguration()] * 3)\n"
           "print(len(tf.config.list_logical_devices('CPU')))\n")
   r = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                     text=True, timeout=120)
+                     text=True, timeout=300)
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == "3"
 

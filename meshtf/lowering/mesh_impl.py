@@ -76,6 +76,14 @@ CollectiveRecord = collections.namedtuple(
      "bytes_per_device"])
 
 
+# Variables are made eagerly (tf.init_scope) while a MeshFunction's first
+# call traces the step. tf.function counts a variable made during its first
+# trace as its own and then traces the whole step a second time "without
+# variable creation" (the model, autodiff, layouts and lowering twice);
+# these variables belong to a VariableStore, not to the function.
+NOT_LIFTED = {"experimental_enable_variable_lifting": False}
+
+
 class LaidOutTensor(object):
   """A tensor's slices: one tf.Tensor per processor (placement), or the one
   local slice of the processor running the program (SPMD)."""
@@ -544,14 +552,22 @@ class MeshImpl(object):
                          autograph=False)
     out = [None] * self.size  # None: a processor of another worker
     local = self.local_pnums()
+    values = {}   # slice begin -> its value: replicas share one
     for p in local:
       # Computed on one device and copied: running the function on each
-      # device would instantiate (and optimise) it once per device.
-      with tf.device(self.devices[local[0]]):
-        value = init(tf.constant(self.slice_begin(shape, p), tf.int64))
+      # device would instantiate (and optimise) it once per device. A slice
+      # is a function of its begin alone (layout-invariant initializers),
+      # so the processors that replicate it take one computed value: 4x
+      # fewer initializer runs for a weight replicated over data:4.
+      begin = tuple(self.slice_begin(shape, p))
+      if begin not in values:
+        with tf.device(self.devices[local[0]]):
+          values[begin] = init(tf.constant(begin, tf.int64))
+      value = values[begin]
       with tf.device(self.devices[p]):
         out[p] = tf.Variable(value, dtype=dtype, trainable=trainable,
-                             name="%s_slice_%d" % (name.replace("/", "_"), p))
+                             name="%s_slice_%d" % (name.replace("/", "_"), p),
+                             **NOT_LIFTED)
     return out
 
   def assemble_slices(self, slice_list, shape, device=None):

@@ -306,7 +306,8 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         for p in self.local_pnums():
           with tf.device(self._devices[p]):
             tokens[p] = tf.Variable(0.0, trainable=False,
-                                    name="collective_ordering_token")
+                                    name="collective_ordering_token",
+                                    **mesh_impl_lib.NOT_LIFTED)
         self._tokens = tokens
     return self._tokens
 
