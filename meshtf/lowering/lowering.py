@@ -90,16 +90,34 @@ def all_operations(operations):
       yield from all_operations(op.inner_operations)
 
 
+def renamed_source(tensor, layout_of):
+  """x when tensor is a rename of x (a reshape that keeps every size in
+  order: only names change) laid out alike, dim by dim, so that relaying
+  one is relaying the other; else None. layout_of: tensor -> MeshLayout."""
+  op = tensor.operation
+  if len(op.inputs) != 1 or len(op.outputs) != 1 or not op.layout_factors():
+    return None
+  x = op.inputs[0]
+  if x.shape.to_integer_list != tensor.shape.to_integer_list:
+    return None
+  if layout_of(x).tensor_layout(x.shape) != layout_of(tensor).tensor_layout(
+      tensor.shape):
+    return None
+  return x
+
+
 class _TensorMap(dict):
   """tensor -> laid-out value in the tensor's own layout; reading
   materialises pending sums. While an operation lowers under a computation
   layout (`current`), reading an input gives its value relaid into that
-  layout (Lowering.lower_operation makes them)."""
+  layout (Lowering.lower_operation makes them). Relaid values are kept per
+  tensor layout, so every reader that wants one layout of a tensor shares
+  one relayout (the forward's gathers serve the backward pass too)."""
 
   def __init__(self):
     super().__init__()
     self.current = None
-    self.relaid = {}   # (tensor, MeshLayout) -> laid-out value
+    self.relaid = {}   # tensor -> {TensorLayout: laid-out value}
 
   def __getitem__(self, key):
     value = self.raw(key)
@@ -107,16 +125,22 @@ class _TensorMap(dict):
       return value.to_laid_out_tensor()
     return value
 
+  def relaid_value(self, key, layout):
+    """The value of tensor key relaid into MeshLayout layout, or None."""
+    values = self.relaid.get(key)
+    if not values or layout is None:
+      return None
+    return values.get(layout.tensor_layout(key.shape))
+
   def raw(self, key):
-    relaid = self.relaid.get((key, self.current))
+    relaid = self.relaid_value(key, self.current)
     if relaid is not None:
       return relaid
     return dict.__getitem__(self, key)
 
   def __setitem__(self, key, value):
     dict.__setitem__(self, key, value)
-    for k in [k for k in self.relaid if k[0] is key]:
-      del self.relaid[k]
+    self.relaid.pop(key, None)
 
   def clear(self):
     dict.clear(self)
@@ -201,6 +225,15 @@ class Lowering(object):
         mesh: self.mesh_impl(mesh).mesh_layout.assign(ops)
         for mesh, ops in by_mesh.items()}
 
+  @property
+  def graph_layout(self):
+    """The GraphLayout (layouts/assignment.py) of the graph's one mesh:
+    every operation's layout and the origin of each of its dims."""
+    if len(self._graph_layouts) != 1:
+      raise ValueError("graph_layout: this Lowering has %d meshes; use "
+                       "op_layout(op)" % len(self._graph_layouts))
+    return next(iter(self._graph_layouts.values()))
+
   def op_layout(self, op):
     """The MeshLayout (computation layout) op lowers under."""
     graph_layout = self._graph_layouts.get(op.mesh)
@@ -273,32 +306,47 @@ class Lowering(object):
   def _relay(self, impl, tensor, layout):
     """Makes tensor's value in `layout` available to readers under it."""
     own = self.layout_of(tensor)
-    if own is layout or (tensor, layout) in self.tensors.relaid:
+    if own is layout:
       return
     old = own.tensor_layout(tensor.shape)
     new = layout.tensor_layout(tensor.shape)
-    if old == new:
-      return
+    if old != new:
+      self._relay_to(impl, tensor, old, new)
+
+  def _relay_to(self, impl, tensor, old, new):
+    """tensor's value relaid from TensorLayout old (its own) to new, made
+    once and kept for every reader that wants new."""
+    kept = self.tensors.relaid.setdefault(tensor, {})
+    if new in kept:
+      return kept[new]
+    raw = dict.__getitem__(self.tensors, tensor)
+    source = renamed_source(tensor, self.layout_of)
+    if source is not None and not isinstance(raw, PendingSum) and \
+        not isinstance(dict.__getitem__(self.tensors, source), PendingSum):
+      # A rename's output relaid is its input relaid (the dims line up):
+      # one gather serves the readers of both (self-attention's keys and
+      # values read the gathered input of its queries).
+      kept[new] = self._relay_to(impl, source, old, new)
+      return kept[new]
     plan = impl.mesh_layout.relayout_plan(
         tensor.shape, tensor.shape, tensor.dtype.size, old, new)
-    raw = dict.__getitem__(self.tensors, tensor)
     if isinstance(raw, PendingSum) and not raw.materialized:
       # Partial sums whose new layout splits a summed axis: reduce-scatter
       # instead of allreduce + split (GSPMD Figure 7).
       fused, rest = relayout_lib.fuse_reduce_scatter(
           plan, raw.mesh_axes, tensor.dtype.size)
       if len(rest) < len(raw.mesh_axes):
-        value = raw.record_while(lambda: impl.allreduce(
+        kept[new] = raw.record_while(lambda: impl.allreduce(
             impl.execute_relayout(raw.laid_out, fused), rest, "SUM"))
-        self.tensors.relaid[(tensor, layout)] = value
-        return
+        return kept[new]
     saved = self.tensors.current
     self.tensors.current = None
     try:
       value = self.tensors[tensor]
     finally:
       self.tensors.current = saved
-    self.tensors.relaid[(tensor, layout)] = impl.execute_relayout(value, plan)
+    kept[new] = impl.execute_relayout(value, plan)
+    return kept[new]
 
   def mesh_impl(self, m):
     """The MeshImpl of a Mesh, Tensor or Operation."""

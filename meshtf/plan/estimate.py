@@ -64,7 +64,7 @@ class _Recorder(object):
     for s in plan.steps:
       if s.kind in ("allconcat", "alltoall", "reduce_scatter"):
         key = (s.kind, tuple(self._mesh_layout.mesh_axis_names(
-            [s.mesh_axis])), s.group_size, s.elements_per_device,
+            relayout_lib.step_axes(s))), s.group_size, s.elements_per_device,
                s.bytes_per_device)
         if s.group_size > 1:
           self.counts[key] = self.counts.get(key, 0) + 1
@@ -75,11 +75,15 @@ class _Recorder(object):
             for k, n in self.counts.items()]
 
 
-def _is_linear_reader(op, tensor, pending):
+def _is_linear_reader(op, tensor, pending, layout):
   """Whether op keeps tensor's pending sum pending (see the docstring)."""
   name = type(op).__name__
   if name == "ScalarMultiplyOperation":
     return True
+  if name == "ReshapeOperation":   # a local one (a rename)
+    out = op.outputs[0]
+    return all(s.kind == "reshape" for s in layout.relayout_plan(
+        tensor.shape, out.shape, tensor.dtype.size).steps)
   if name == "UnaryOperation":
     return getattr(op, "_kind", None) in _LINEAR_UNARY
   if name == "BinaryOperation" and getattr(op, "_kind", None) in ("add",
@@ -88,6 +92,27 @@ def _is_linear_reader(op, tensor, pending):
     out = op.outputs[0]
     return (x in pending and y in pending and pending[x] == pending[y]
             and x.shape == out.shape and y.shape == out.shape)
+  return False
+
+
+def _shares_rename_relay(t, new, graph_layout, pending, relaid):
+  """Whether t, a rename's output, is relaid to `new` by relaying the
+  rename's input (Lowering._relay_to: one relayout for both); marks the
+  input relaid. False (nothing marked) for partial sums."""
+  chain = []
+  x = t
+  while x not in pending:
+    x = lowering_lib.renamed_source(x, graph_layout.tensor_mesh_layout)
+    if x is None or x in pending:
+      break
+    chain.append(x)
+    if (x, new) in relaid:
+      relaid.add((t, new))
+      relaid.update((c, new) for c in chain)
+      return True
+  if not chain or t in pending:
+    return False
+  relaid.update((c, new) for c in chain)
   return False
 
 
@@ -210,7 +235,10 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
     old = own.tensor_layout(t.shape)
     new = layout.tensor_layout(t.shape)
     plan = None
-    if old != new and (t, new) not in relaid:
+    if old != new:
+      if (t, new) in relaid or _shares_rename_relay(t, new, graph_layout,
+                                                    pending, relaid):
+        continue   # relaid (or reduce-scattered) once for every reader
       relaid.add((t, new))
       plan = base.relayout_plan(t.shape, t.shape, t.dtype.size, old, new)
     if t in pending and t not in reduced:
@@ -222,13 +250,13 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
           rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
                   t.dtype.size)
           continue
-      if readers[t] == 1 and _is_linear_reader(op, t, pending):
+      if readers[t] == 1 and _is_linear_reader(op, t, pending, layout):
         keeps.add(t)
         continue
       reduce_now(t)
     if plan is not None:
       rec.add_plan(plan)
-  if type(op).__name__ == "ReshapeOperation":
+  if type(op).__name__ == "ReshapeOperation" and not keeps:
     x, out = op.inputs[0], op.outputs[0]
     rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size))
     return

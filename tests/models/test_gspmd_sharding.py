@@ -36,7 +36,8 @@ def _lm(c, annotated):
 def _train(c, backend, mesh_shape, layout, annotated, steps=2):
   step_fn = training.TrainStep(
       transformer.loss_fn(_lm(c, annotated)),
-      harness.make_impl(backend, mesh_shape, layout),
+      harness.make_impl(backend, mesh_shape, layout,
+                        c.variable_layout if annotated else None),
       optimize.AdafactorOptimizer(learning_rate=0.05))
   targets = np.random.RandomState(0).randint(
       2, c.vocab_size, size=[c.batch_size, c.length]).astype(np.int32)
