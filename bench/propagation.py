@@ -14,8 +14,8 @@ estimate path, plan(trace=False), which the search ranks by):
 The forward is the graph's operations before graph.backward_start, the
 backward everything from there (gradients, clipping, the optimizer). A
 collective is charged to the operation whose lowering emits it: its
-record's "op" where the tree records provenance, else the operation the
-estimate was visiting when it recorded it.
+reason's operation where the tree records reasons (layouts/reasons.py),
+else the operation the estimate was visiting when it recorded it.
 
 Usage: python bench/propagation.py [--rows=64B_8x16,...] [--tree=DIR]
 """
@@ -97,7 +97,7 @@ def plan_row(config_file, row, tree):
   operations = list(graph.operations)
   backward = graph.backward_start
   charges = None
-  if "op" not in getattr(estimate, "RECORD_FIELDS", ()):
+  if not hasattr(estimate, "reasons_lib"):   # a tree without provenance
     charges = _op_charges(estimate, operations)
   t0 = time.time()
   report = report_lib.plan(graph, layout, config.plan_hardware, trace=False)
@@ -107,11 +107,11 @@ def plan_row(config_file, row, tree):
   if charges is None:
     position = {op.name: i for i, op in enumerate(operations)}
     for r in report.collectives:
-      b = r["bytes_per_device"] * r["count"]
-      if position.get(r["op"], len(operations)) < backward:
-        fwd += b
-      else:
-        bwd += b
+      for reason in r["reasons"]:
+        if position.get(reason.op, len(operations)) < backward:
+          fwd += r["bytes_per_device"]
+        else:
+          bwd += r["bytes_per_device"]
   else:
     for i, b in charges:
       if i < backward:

@@ -84,11 +84,12 @@ class GraphLayout(object):
             for t in op.outputs + op.inputs
             for n in t.shape.dimension_names}
 
-  def describe(self, tensor, op=None):
+  def describe(self, tensor, op=None, brief=False):
     """The layout of tensor -- as its producer makes it, or as `op`
     computes with it -- one phrase per dim with its origin, e.g.
-    "batch:x (annotation mtf.shard 'shard_5', via add_6), length whole
-    (rules)"."""
+    "batch:x (annotation mtf.shard 'shard_5', via add_6), length whole".
+    brief: each origin as its kind only, without operation names (the
+    same for every layer of a model)."""
     op = op or tensor.operation
     layout = self.op_layout(op)
     origins = self.origins(op)
@@ -98,8 +99,11 @@ class GraphLayout(object):
       origin = origins.get(s.name)
       what = ("%s:%s" % (s.name, rules_lib.axes_text(axes)) if axes
               else "%s whole" % s.name)
-      parts.append("%s (%s)" % (what, origin.describe()) if origin
-                   else what)
+      # A whole dim says why only where its rule lost its axis.
+      if origin and (axes or origin.root.kind == completion_lib.CONFLICT):
+        what = "%s (%s)" % (what, origin.root.kind if brief
+                            else origin.describe())
+      parts.append(what)
     return ", ".join(parts) or "a scalar"
 
 

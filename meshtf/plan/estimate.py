@@ -31,6 +31,7 @@ Example:
 """
 import collections
 
+from meshtf.layouts import reasons as reasons_lib
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import bucketing
 from meshtf.lowering import lowering as lowering_lib
@@ -43,13 +44,14 @@ _SUMMING = ("EinsumOperation", "GatherOperation", "ScatterAddOperation",
 
 
 class _Recorder(object):
-  """Collective records, grouped like Lowering.collective_stats()."""
+  """Collective records, grouped like Lowering.collective_stats(), each
+  occurrence with its Reason (layouts/reasons.py)."""
 
   def __init__(self, mesh_layout):
     self._mesh_layout = mesh_layout
     self.counts = collections.OrderedDict()
 
-  def add(self, kind, mesh_axes, elements, itemsize):
+  def add(self, kind, mesh_axes, elements, itemsize, reason=None):
     group = 1
     for a in mesh_axes:
       group *= self._mesh_layout.axis_size(a)
@@ -58,21 +60,22 @@ class _Recorder(object):
     key = (kind, tuple(self._mesh_layout.mesh_axis_names(mesh_axes)), group,
            int(elements),
            relayout_lib.collective_bytes(kind, group, elements, itemsize))
-    self.counts[key] = self.counts.get(key, 0) + 1
+    self.counts.setdefault(key, []).append(reason)
 
-  def add_plan(self, plan):
+  def add_plan(self, plan, reason=None):
     for s in plan.steps:
       if s.kind in ("allconcat", "alltoall", "reduce_scatter"):
         key = (s.kind, tuple(self._mesh_layout.mesh_axis_names(
             relayout_lib.step_axes(s))), s.group_size, s.elements_per_device,
                s.bytes_per_device)
         if s.group_size > 1:
-          self.counts[key] = self.counts.get(key, 0) + 1
+          self.counts.setdefault(key, []).append(reason)
 
   def records(self):
     return [dict(kind=k[0], mesh_axes=list(k[1]), group_size=k[2],
-                 elements_per_device=k[3], bytes_per_device=k[4], count=n)
-            for k, n in self.counts.items()]
+                 elements_per_device=k[3], bytes_per_device=k[4],
+                 count=len(why), reasons=why)
+            for k, why in self.counts.items()]
 
 
 def _is_linear_reader(op, tensor, pending, layout):
@@ -175,7 +178,8 @@ def estimate_collectives(operations, graph_layout, outputs=None,
     elif members:
       rec.add("allreduce_sum", pending[members[0]], sum(
           graph_layout.tensor_mesh_layout(t).slice_size(t.shape)
-          for t in members), members[0].dtype.size)
+          for t in members), members[0].dtype.size,
+              reasons_lib.bucket(graph_layout, members))
       reduced.update(members)
 
   def offer(g, t):
@@ -205,11 +209,12 @@ def estimate_collectives(operations, graph_layout, outputs=None,
       for key in [k for k in buckets if k[0] == g]:
         issue(buckets.pop(key)[0])
 
-  def reduce_now(t):
+  def reduce_now(t, reader=None, where=None):
     if t in pending and t not in reduced:
       layout = graph_layout.tensor_mesh_layout(t)
       rec.add("allreduce_sum", pending[t], layout.slice_size(t.shape),
-              t.dtype.size)
+              t.dtype.size, reasons_lib.reduce(graph_layout, reader, t,
+                                               where=where))
       reduced.add(t)
 
   for op in lowering_lib.all_operations(operations):
@@ -221,7 +226,7 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   if outputs is None:
     outputs = [t for op in operations for t in op.outputs if not readers[t]]
   for t in outputs:
-    reduce_now(t)
+    reduce_now(t, where="(export)")
   return rec.records()
 
 
@@ -246,19 +251,21 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
         fused, rest = relayout_lib.fuse_reduce_scatter(
             plan, pending[t], t.dtype.size)
         if len(rest) < len(pending[t]):
-          rec.add_plan(fused)
+          why = reasons_lib.reduce(graph_layout, op, t, scatter=True)
+          rec.add_plan(fused, why)
           rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
-                  t.dtype.size)
+                  t.dtype.size, why)
           continue
       if readers[t] == 1 and _is_linear_reader(op, t, pending, layout):
         keeps.add(t)
         continue
-      reduce_now(t)
+      reduce_now(t, op)
     if plan is not None:
-      rec.add_plan(plan)
+      rec.add_plan(plan, reasons_lib.relayout(graph_layout, op, t))
   if type(op).__name__ == "ReshapeOperation" and not keeps:
     x, out = op.inputs[0], op.outputs[0]
-    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size))
+    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size),
+                 reasons_lib.computes(graph_layout, op, "reshape"))
     return
   if keeps:
     for out in op.outputs:
@@ -282,4 +289,5 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
   else:
     kind = "allreduce_" + str(getattr(op, "_reduction", "max")).lower()
     for out in op.outputs:
-      rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size)
+      rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size,
+              reasons_lib.computes(graph_layout, op))

@@ -148,10 +148,42 @@ def test_collective_summary_text():
   lowering = lower(graph, mesh, "rows:2;cols:4", "b:rows;k:cols")
   assert float(lowering.export_to_tf_tensor(s)) == 64.0
   stats = lowering.collective_stats()
+  reasons = stats[0].pop("reasons")
   assert stats == [{"kind": "allreduce_sum", "mesh_axes": ("rows", "cols"),
                     "group_size": 8, "elements_per_device": 1,
                     "bytes_per_device": 7, "count": 1}]  # 2 * 7/8 * 4 bytes
   assert "allreduce_sum" in lowering.collective_summary()
+  # Why: the sum's partial sums over both axes (b and k split by the
+  # rules), reduced for the export.
+  assert [(r.cause, r.op, r.tensor) for r in reasons] == [
+      ("reduce", "(export)", s.name)]
+  assert reasons[0].held == ("partial sums over rows+cols: reduce_sum sums "
+                             "b:rows (rules b:rows), k:cols (rules k:cols)")
+
+
+def test_every_collective_says_why_and_explain_ranks_them():
+  """Provenance: a relayout names the reading operation, the tensor, the
+  annotation behind the layout it was held in and the rule or annotation
+  behind the layout wanted; partial sums name the summing operation and
+  the split dims; explain() ranks them by bytes."""
+  graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+  x = mtf.shard(mtf.zeros(mesh, "b:8;k:16"), "k:cols", name="x_by_k")
+  w = mtf.get_variable(mesh, "w", "k:16;h:8")
+  y = mtf.einsum([x, w], output_shape="b:8;h:8", name="proj")
+  z = mtf.shard(mtf.relu(y), "b:rows;h:cols", name="out")
+  lowering = lower(graph, mesh, "rows:2;cols:4", "b:rows")
+  lowering.export_to_tf_tensor(z)
+  why = {(s["kind"], r.cause): r for s in lowering.collective_stats()
+         for r in s["reasons"]}
+  # proj contracts k, split over cols by the annotation x_by_k: partial
+  # sums, scattered where out's annotation splits h over cols.
+  rs = why[("reduce_scatter", "reduce_scatter")]
+  assert rs.tensor == y.name and "proj sums k:cols" in rs.held
+  assert "annotation mtf.shard 'x_by_k'" in rs.held
+  assert "h:cols (annotation mtf.shard 'out'" in rs.wanted
+  text = lowering.explain(top=3)
+  assert text.splitlines()[0].startswith("collectives by bytes sent")
+  assert "reduce_scatter over cols" in text and "x_by_k" in text
 
 
 def test_pending_sum_with_two_consumers_is_reduced_once():

@@ -206,3 +206,30 @@ def test_visualize_layout_shows_each_processors_slice():
       "x:2;y:2", "d_model:x;d_ff:y"))
   assert text.splitlines()[-1].split() == [
       "x=1", "d_m[4:8]", "d_f[0:8]", "d_m[4:8]", "d_f[8:16]"]
+
+
+def test_the_plan_says_why_each_collective_exists():
+  """report.explain(), traced or estimated, ranks the collectives by bytes
+  and gives each its reason: the two-layer step's weight gradients are
+  partial sums over rows because the rule splits batch over rows, reduced
+  together; the forward's partial sums over cols come from the rule
+  splitting hidden over cols."""
+  mesh_shape, layout = "rows:2;cols:4", "batch:rows;hidden:cols"
+  for trace in (True, False):
+    report = _plan(mesh_shape, layout, trace=trace)
+    reasons = [r for c in report.collectives for r in c["reasons"]]
+    assert len(reasons) == sum(c["count"] for c in report.collectives)
+    assert all(r is not None for r in reasons), trace
+    causes = {r.cause for r in reasons}
+    assert {"bucket", "reduce"} <= causes, causes
+    bucket = [r for r in reasons if r.cause == "bucket"][0]
+    assert "sums batch:rows (rules batch:rows)" in bucket.held
+    y_sum = [r for r in reasons if r.cause == "reduce" and
+             "hidden:cols (rules hidden:cols)" in r.held]
+    assert y_sum, reasons
+    text = report.explain(top=2)
+    assert text.count("held:") == 2 and "rules batch:rows" in text
+    top = report.summary()["top_collectives"]
+    assert top[0]["reason"]["cause"] in causes
+    assert top[0]["bytes_per_device"] * top[0]["count"] >= \
+        top[-1]["bytes_per_device"] * top[-1]["count"]
