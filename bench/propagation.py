@@ -83,6 +83,57 @@ def _op_charges(estimate, operations):
   return charges
 
 
+def figure_7_records(config):
+  """The collectives of one training step under GSPMD's 2D finalized
+  sharding if every Transformer layer sent exactly Figure 7's pattern --
+  the minimum the paper draws -- as collective_stats records.
+
+  Derivation (mesh X x Y; batch B, length S, d_model M, d_ff H, heads N,
+  d_kv D; L layers, each an attention and a feed-forward sublayer; a the
+  activations' bytes per element, w the bytes of the weights as the
+  einsums read them -- bfloat16 here, as the model casts them before
+  use). Every sublayer reads BSM split [X, _, Y]: a slice of
+  e = B/X * S * M/Y elements.
+    forward, per sublayer: AG-y of BSM (an allgather over Y: (Y-1) e a
+      bytes) and RS-y of its output (a reduce-scatter of the [B/X, S, M]
+      partial sums: (Y-1)/Y * Y e a = (Y-1) e a); per weight matrix W
+      (W_Q, W_K, W_V, W_O: M N D each; W_in, W_out: M H each), stored
+      split over X and Y: AG-x, (X-1) * W/(XY) * w.
+    backward, Figure 7 transposed: AG-y of dBSM and RS-y of dBSM per
+      sublayer, RS-x of each dW ((X-1)/X * W/Y * w = (X-1) W/(XY) w);
+      the forward's gathered weights and BSM are reused.
+  So a step sends 2 L [4 (Y-1) e a + (X-1)/(XY) (4 M N D + 2 M H) w]
+  bytes per device: 74.6 GB for 64B_16x32 (bfloat16).
+
+  Example:
+    >>> sum(r["bytes_per_device"] * r["count"]
+    ...     for r in figure_7_records(config)) / 1e9
+    74.6...
+  """
+  x, y = [int(p.split(":")[1]) for p in config.mesh_shape.split(";")]
+  a = 2 if config.activation_dtype == "bfloat16" else 4
+  w = a   # the einsums read the weights in the activations' dtype
+  layers = config.num_layers
+  e = (config.batch_size // x) * config.length * (config.d_model // y)
+  weights = ([config.d_model * config.num_heads * config.d_kv] * 4 +
+             [config.d_model * config.d_ff] * 2)
+  out = []
+
+  def record(kind, axis, group, elements, nbytes, count):
+    out.append({"kind": kind, "mesh_axes": [axis], "group_size": group,
+                "elements_per_device": elements, "bytes_per_device": nbytes,
+                "count": count})
+  # Per sublayer (2 per layer), forward and backward.
+  record("allconcat", "y", y, e, (y - 1) * e * a, 2 * 2 * layers)
+  record("reduce_scatter", "y", y, y * e, (y - 1) * e * a, 2 * 2 * layers)
+  for size in weights:
+    record("allconcat", "x", x, size // (x * y),
+           (x - 1) * size // (x * y) * w, layers)
+    record("reduce_scatter", "x", x, size // y,
+           (x - 1) * size // (x * y) * w, layers)
+  return out
+
+
 def plan_row(config_file, row, tree):
   from meshtf.plan import estimate
   from meshtf.plan import report as report_lib
@@ -99,9 +150,9 @@ def plan_row(config_file, row, tree):
   charges = None
   if not hasattr(estimate, "reasons_lib"):   # a tree without provenance
     charges = _op_charges(estimate, operations)
-  t0 = time.time()
+  t0, c0 = time.time(), time.process_time()
   report = report_lib.plan(graph, layout, config.plan_hardware, trace=False)
-  t_plan = time.time() - t0
+  t_plan, c_plan = time.time() - t0, time.process_time() - c0
   s = report.summary()
   fwd = bwd = 0
   if charges is None:
@@ -118,7 +169,19 @@ def plan_row(config_file, row, tree):
         fwd += b
       else:
         bwd += b
+  minimum = figure_7_records(config)
+  minimum_bytes = sum(r["bytes_per_device"] * r["count"] for r in minimum)
+  from meshtf.plan import hardware as hardware_lib
+  mesh = layout.mesh_shape
+  minimum_step = (s["compute_seconds"] + sum(
+      r["count"] * hardware_lib.collective_seconds(report.hardware, mesh, r)
+      for r in minimum))
   return {"row": row, "activation_dtype": "bfloat16",
+          "figure_7_bytes": minimum_bytes,
+          "total_over_figure_7": round(
+              s["collective_bytes_per_device"] / minimum_bytes, 4),
+          "figure_7_step_seconds": round(minimum_step, 3),
+          "step_over_figure_7": round(s["step_seconds"] / minimum_step, 4),
           "forward_bytes": fwd, "backward_bytes": bwd,
           "total_bytes": s["collective_bytes_per_device"],
           "backward_over_forward": round(bwd / fwd, 3) if fwd else None,
@@ -128,35 +191,42 @@ def plan_row(config_file, row, tree):
           "compute_seconds": round(s["compute_seconds"], 3),
           "collective_seconds": round(s["collective_seconds"], 3),
           "build_seconds": round(t_build, 2),
-          "plan_seconds": round(t_plan, 2)}
+          "memory_bytes_per_device": s["memory_bytes_per_device"],
+          "plan_seconds": round(t_plan, 2),
+          "plan_cpu_seconds": round(c_plan, 2)}
 
 
 def assign_seconds(tree, repeats=5):
-  """Seconds MeshLayout.assign takes on a 2-layer Transformer LM's
-  training graph (lm_tiny, annotated with GSPMD's activation layout on
-  x:2;y:4), best of `repeats`."""
+  """Seconds MeshLayout.assign takes on the Transformer LM's training
+  graph (lm_tiny: without annotations, and with its activations annotated
+  batch:data) and on gspmd_dense.py's tiny row (2D finalized on x:2;y:4),
+  best of `repeats`, wall and CPU."""
   from meshtf.lowering import lowering as lowering_lib
   from meshtf.train import config as config_lib
   from meshtf.train import experiment
   out = []
-  for name, annotated in (("lm_tiny", False), ("gspmd_tiny", True)):
-    if annotated:
+  for name in ("lm_tiny", "lm_tiny_annotated", "gspmd_tiny"):
+    if name == "gspmd_tiny":
       config = _load(os.path.join(tree, "t2t_configs",
                                   "gspmd_dense.py")).get_config("tiny")
     else:
       config = _load(os.path.join(tree, "t2t_configs",
                                   "lm_tiny.py")).get_config()
+      if name == "lm_tiny_annotated":   # GSPMD-style: the batch over data
+        config.activation_layout = "batch:data"
     layout = config_lib.mesh_layout(config)
     graph, _ = experiment.build_training_graph(config, layout)
     ops = list(lowering_lib.all_operations(graph.operations))
-    best = None
+    best = best_cpu = None
     for _ in range(repeats):
-      t0 = time.time()
+      t0, c0 = time.time(), time.process_time()
       layout.assign(ops)
-      dt = time.time() - t0
+      dt, dc = time.time() - t0, time.process_time() - c0
       best = dt if best is None else min(best, dt)
+      best_cpu = dc if best_cpu is None else min(best_cpu, dc)
     out.append({"measure": "assign_seconds", "config": name,
-                "operations": len(ops), "seconds": round(best, 4)})
+                "operations": len(ops), "seconds": round(best, 4),
+                "cpu_seconds": round(best_cpu, 4)})
   return out
 
 
