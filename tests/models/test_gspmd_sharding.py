@@ -14,12 +14,15 @@ import tensorflow as tf
 
 import harness
 import meshtf as mtf
+import meshtf.plan  # noqa: F401
 from conftest import load_file
 from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.ops import annotations
 from meshtf.models import optimize
 from meshtf.models import training
 from meshtf.models import transformer
+from meshtf.train import config as config_lib
+from meshtf.train import experiment
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "t2t_configs",
                       "gspmd_dense.py")
@@ -157,3 +160,35 @@ def test_2d_finalized_ffn_forward_and_backward_are_figure_7():
       else:
         assert s["kind"] == "allreduce_sum", s   # the loss's sum
     assert kinds == figure_7, (backend, kinds)
+
+
+def test_tiny_2d_finalized_step_gathers_and_scatters_bsm_once_per_pass():
+  """The whole training step of the tiny config (2 layers: 4 sublayers),
+  traced: each sublayer gathers BSM over y once forward and dBSM once
+  backward -- the keys' and values' rename costs no extra gather (its
+  relayout is its input's, shared with the queries') -- and scatters the
+  partial sums once each way: the norms' backward reads the gradient
+  split, so no BSM-sized allreduce is left."""
+  c = _config("tiny")
+  layout = config_lib.mesh_layout(c)
+  graph, _ = experiment.build_training_graph(c, layout)
+  report = mtf.plan.plan(graph, layout)
+  tensors = {t.name: t for op in graph.operations for t in op.outputs}
+  bsm = ["batch", "length", "d_model"]
+  e = c.batch_size // 2 * c.length * c.d_model // 4   # [bx, S, my] slice
+  gathers = scatters = 0
+  for s in report.collectives:
+    for r in s["reasons"]:
+      dims = tensors[r.tensor].shape.dimension_names \
+          if r.tensor in tensors else None
+      if s["kind"] == "allconcat" and s["mesh_axes"] == ("y",) and \
+          dims == bsm:
+        gathers += 1
+      if s["kind"] == "reduce_scatter" and s["mesh_axes"] == ("y",) and \
+          dims == bsm:
+        scatters += 1
+    if s["kind"].startswith("allreduce"):
+      assert s["elements_per_device"] < e, s
+  sublayers = 2 * c.num_layers
+  # + the logits' input, gathered forward and scattered backward.
+  assert (gathers, scatters) == (2 * sublayers + 1, 2 * sublayers + 1)
