@@ -50,6 +50,14 @@ class _Recorder(object):
   def __init__(self, mesh_layout):
     self._mesh_layout = mesh_layout
     self.counts = collections.OrderedDict()
+    # (record key, ready, needed): where in the operations' order each
+    # collective's input is ready and where its result is first needed.
+    self.events = []
+    self.span = (0, 0)
+
+  def _count(self, key, reason):
+    self.counts.setdefault(key, []).append(reason)
+    self.events.append((key,) + tuple(self.span))
 
   def add(self, kind, mesh_axes, elements, itemsize, reason=None):
     group = 1
@@ -60,7 +68,7 @@ class _Recorder(object):
     key = (kind, tuple(self._mesh_layout.mesh_axis_names(mesh_axes)), group,
            int(elements),
            relayout_lib.collective_bytes(kind, group, elements, itemsize))
-    self.counts.setdefault(key, []).append(reason)
+    self._count(key, reason)
 
   def add_plan(self, plan, reason=None):
     for s in plan.steps:
@@ -69,7 +77,7 @@ class _Recorder(object):
             relayout_lib.step_axes(s))), s.group_size, s.elements_per_device,
                s.bytes_per_device)
         if s.group_size > 1:
-          self.counts.setdefault(key, []).append(reason)
+          self._count(key, reason)
 
   def records(self):
     return [dict(kind=k[0], mesh_axes=list(k[1]), group_size=k[2],
@@ -77,11 +85,20 @@ class _Recorder(object):
                  count=len(why), reasons=why)
             for k, why in self.counts.items()]
 
+  def timeline(self):
+    """[record dict with count 1, "ready" and "needed" positions], one
+    per collective, in the order they were emitted."""
+    return [dict(kind=k[0], mesh_axes=list(k[1]), group_size=k[2],
+                 elements_per_device=k[3], bytes_per_device=k[4], count=1,
+                 ready=ready, needed=needed)
+            for k, ready, needed in self.events]
+
 
 def _is_linear_reader(op, tensor, pending, layout):
   """Whether op keeps tensor's pending sum pending (see the docstring)."""
   name = type(op).__name__
-  if name == "ScalarMultiplyOperation":
+  if name in ("ScalarMultiplyOperation", "CustomGradientOperation"):
+    # A custom gradient's outputs are its function's, pending or not.
     return True
   if name == "ReshapeOperation":   # a local one (a rename)
     out = op.outputs[0]
@@ -152,12 +169,17 @@ def _bucket_plan(operations, graph_layout, bucket_bytes):
 
 
 def estimate_collectives(operations, graph_layout, outputs=None,
-                         bucket_bytes=None):
+                         bucket_bytes=None, timeline=None):
   """Estimated collective records of operations (a graph's, in order)
   under graph_layout (MeshLayout.assign), in Lowering.collective_stats()'s
   form. outputs: the tensors the step exports (default: those nothing
   reads, as plan() traces it). bucket_bytes: the Lowering's cap of fused
-  gradient buckets (None: its default, 0: off)."""
+  gradient buckets (None: its default, 0: off). timeline: a list that
+  gets one record per collective with "ready" (the position, in
+  lowering.all_operations(operations), of the op after which its input is
+  ready) and "needed" (the op that first reads its result;
+  len(all_operations) for the step's exports) -- plan/timeline.py's
+  input."""
   operations = list(operations)
   base = graph_layout.base
   rec = _Recorder(base)
@@ -170,9 +192,25 @@ def estimate_collectives(operations, graph_layout, outputs=None,
       operations, graph_layout, cap)
   top_level = set(operations) if by_producer else ()
   buckets = collections.OrderedDict()   # key -> [members, bytes]
+  everything = list(lowering_lib.all_operations(operations))
+  position = {op: i for i, op in enumerate(everything)}
+  first_read = {}
+  for op in everything:
+    for t in op.inputs:
+      first_read.setdefault(t, position[op])
+
+  def span(t, reader):
+    """(ready, needed) of a collective on t read by `reader` (None: the
+    step's end)."""
+    ready = position.get(t.operation, 0)
+    return (ready, position[reader] if reader is not None
+            else len(everything))
 
   def issue(members):
     members = [t for t in members if t not in reduced]
+    if members:
+      rec.span = (rec.span[0], min(first_read.get(t, len(everything))
+                                   for t in members))
     if len(members) == 1:
       reduce_now(members[0])
     elif members:
@@ -203,6 +241,7 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   def after(op):
     if op not in top_level:
       return
+    rec.span = (position[op], position[op] + 1)
     for g, t in by_producer.get(op, ()):
       offer(g, t)
     for g in completes.get(op, ()):
@@ -217,25 +256,30 @@ def estimate_collectives(operations, graph_layout, outputs=None,
                                                where=where))
       reduced.add(t)
 
-  for op in lowering_lib.all_operations(operations):
+  for op in everything:
     _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
-                 relaid, reduce_now)
+                 relaid, reduce_now, span)
     after(op)
   for members, _ in list(buckets.values()):
+    rec.span = (len(everything) - 1, len(everything))
     issue(members)
   if outputs is None:
     outputs = [t for op in operations for t in op.outputs if not readers[t]]
   for t in outputs:
+    rec.span = span(t, None)
     reduce_now(t, where="(export)")
+  if timeline is not None:
+    timeline.extend(rec.timeline())
   return rec.records()
 
 
 def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
-                 relaid, reduce_now):
+                 relaid, reduce_now, span):
   """The collectives lowering op emits (estimate_collectives' rules)."""
   layout = graph_layout.op_layout(op)
   keeps = set()
   for t in dict.fromkeys(op.inputs):
+    rec.span = span(t, op)
     own = graph_layout.tensor_mesh_layout(t)
     old = own.tensor_layout(t.shape)
     new = layout.tensor_layout(t.shape)
@@ -262,8 +306,15 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
       reduce_now(t, op)
     if plan is not None:
       rec.add_plan(plan, reasons_lib.relayout(graph_layout, op, t))
+  if type(op).__name__ == "CustomGradientOperation":
+    for k, i in op.output_aliases.items():
+      source = op.inputs[i]
+      if source in pending and source not in reduced:
+        pending[op.outputs[k]] = pending[source]
+    return
   if type(op).__name__ == "ReshapeOperation" and not keeps:
     x, out = op.inputs[0], op.outputs[0]
+    rec.span = span(x, op)
     rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size),
                  reasons_lib.computes(graph_layout, op, "reshape"))
     return
@@ -288,6 +339,8 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
       pending[out] = axes
   else:
     kind = "allreduce_" + str(getattr(op, "_reduction", "max")).lower()
+    here = span(op.inputs[0], op)[1]
+    rec.span = (here, here + 1)
     for out in op.outputs:
       rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size,
               reasons_lib.computes(graph_layout, op))

@@ -37,7 +37,10 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None):
   from meshtf.train import experiment
   t0 = time.time()
   graph, _ = experiment.build_training_graph(config, mesh_layout)
-  report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware)
+  # XLA compiles the program (fused kernels) where jit_compile is on.
+  report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware,
+                         compiler="xla" if config.get("jit_compile")
+                         else None)
   summary = report.summary()
   summary["config"] = {"mesh_shape": str(config.mesh_shape),
                        "layout": str(config.layout),

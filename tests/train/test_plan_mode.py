@@ -61,5 +61,5 @@ def test_unknown_hardware_model_is_one_line(tmp_path):
   assert code == 2 and not out
   line, = err.splitlines()
   assert "plan_hardware='tpu9' is not a hardware model" in line
-  assert "cpu | h100_8x_node | tpuv3" in line
+  assert "cpu | h100_8x_node | tpuv2 | tpuv3 | tpuv4" in line
   assert not os.path.exists(tmp_path / "plan.json")
