@@ -581,9 +581,23 @@ def _carry_factors(node, level, axis_sizes):
 def _propagate(nodes, level, axis_sizes):
   """Runs the proposals of every level <= level to a fixed point."""
   # What reached a node at lower levels is settled: only the proposals
-  # this level enables are new.
-  heap = [n.index for n in nodes
-          if n.mode not in ("fixed", "sum") and level in n.levels]
+  # this level enables are new -- along its edges, from a neighbour that
+  # has something to say.
+  seeds = set()
+  for n in nodes:
+    if not n.values or not n.propagates or n.mode == "sum":
+      continue
+    weights = level == WEIGHTS and any(
+        o.root.kind == VARIABLE for o in n.origins.values())
+    for e in n.readers:
+      if e.forward == level or weights and e.forward >= CONTRACTION:
+        seeds.add(e.consumer)
+    for e in n.inputs:
+      if e.backward == level or weights and e.backward >= CONTRACTION:
+        seeds.add(e.producer)
+    if level == MIRROR:
+      seeds.update(n.dependents)
+  heap = [n.index for n in seeds if n.mode not in ("fixed", "sum")]
   heapq.heapify(heap)
   queued = set(heap)
   # Contractions decide first at their level, so that nothing copies a
