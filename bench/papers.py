@@ -458,6 +458,55 @@ def gspmd_table_6():
   return rows
 
 
+H100_RESULTS = os.path.join(os.path.dirname(__file__), "results",
+                            "h100_2026-11-26.jsonl")
+
+
+def h100_gpu_step():
+  """meshtf's own measurement: bench/gpu_step.py on one H100 (every run
+  of bench/results/h100_2026-11-26.jsonl) against the h100_8x_node model
+  of the same graph (jit_compile off: TF's executor, one kernel per op;
+  program: XLA's fused kernels)."""
+  from meshtf.plan import report as report_lib  # pylint: disable=g-import-not-at-top
+  from meshtf.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  from meshtf.train import experiment  # pylint: disable=g-import-not-at-top
+  with open(H100_RESULTS) as f:
+    runs = [json.loads(l) for l in f if '"bench": "gpu_step", "kind": "run"'
+            in l]
+  rows = []
+  for run in runs:
+    t0 = time.time()
+    s = run["sizes"]
+    c = config_lib.default_config()
+    c.model_type, c.vocab_size, c.vocab_divisor = "lm", s["vocab"], 1
+    c.d_model, c.num_layers, c.num_heads = (s["d_model"], s["num_layers"],
+                                            s["num_heads"])
+    c.d_kv, c.d_ff, c.length, c.batch_size = (s["d_kv"], s["d_ff"],
+                                              s["length"], s["batch"])
+    c.dropout_rate, c.moe.num_experts = 0.0, 0
+    c.activation_dtype, c.optimizer = run["activation_dtype"], run[
+        "optimizer"]
+    c.mesh_shape, c.layout = run["mesh_shape"], run["layout"]
+    layout = config_lib.mesh_layout(c)
+    graph, _ = experiment.build_training_graph(c, layout)
+    report = report_lib.plan(
+        graph, layout, "h100_8x_node", trace=False,
+        compiler="xla" if run["jit_compile"] != "off" else None)
+    summary = report.summary()
+    rows.append(_row(
+        "H100 (bench/gpu_step.py)", "%s d_model %d batch %d" % (
+            run["run"], s["d_model"], s["batch"]), "step_seconds",
+        run["step_s"], round(summary["step_seconds"], 4),
+        "h100_2026-11-26.jsonl: %s, jit_compile=%s" % (
+            run["mesh_shape"], run["jit_compile"]), "s",
+        seconds=round(time.time() - t0, 2),
+        note="measured (median of 3 rounds); the paper column holds it",
+        plan_flops_per_step=summary["flops_per_device"],
+        measured_flops_per_step=run["flops_per_step"],
+        plan_compiler=report.hardware.compiler))
+  return rows
+
+
 SECTIONS = [
     ("mtf_t1", mtf_table_1), ("mtf_t2", mtf_table_2),
     ("mtf_t3", mtf_table_3),
@@ -467,6 +516,7 @@ SECTIONS = [
     ("gspmd_t1", gspmd_table_1), ("gspmd_t2", gspmd_table_2),
     ("gspmd_t3", gspmd_table_3), ("gspmd_t4", gspmd_table_4),
     ("gspmd_t5", gspmd_table_5), ("gspmd_t6", gspmd_table_6),
+    ("h100", h100_gpu_step),
 ]
 
 
