@@ -105,10 +105,13 @@ def plan_row(name, row, overrides=None):
       "step_seconds": s["step_seconds"],
       "compute_seconds": s["compute_seconds"],
       "collective_seconds": s["collective_seconds"],
-      "exposed_collective_seconds": s["exposed_collective_seconds"],
+      # (an older plan, --label=before, has no overlap: all exposed)
+      "exposed_collective_seconds": s.get("exposed_collective_seconds",
+                                          s["collective_seconds"]),
       "collective_seconds_by_kind": by_kind,
       "collective_bytes_per_device": s["collective_bytes_per_device"],
-      "flops_utilization": s["flops_utilization"],
+      "flops_utilization": s["flops_per_device"] / (
+          s["step_seconds"] * report.hardware.peak_flops),
       "peak_flops": report.hardware.peak_flops,
       "plan_seconds": round(time.time() - t0, 1),
   }
@@ -489,9 +492,12 @@ def h100_gpu_step():
     c.mesh_shape, c.layout = run["mesh_shape"], run["layout"]
     layout = config_lib.mesh_layout(c)
     graph, _ = experiment.build_training_graph(c, layout)
-    report = report_lib.plan(
-        graph, layout, "h100_8x_node", trace=False,
-        compiler="xla" if run["jit_compile"] != "off" else None)
+    try:
+      report = report_lib.plan(
+          graph, layout, "h100_8x_node", trace=False,
+          compiler="xla" if run["jit_compile"] != "off" else None)
+    except TypeError:   # an older plan (--label=before): no compilers
+      report = report_lib.plan(graph, layout, "h100_8x_node", trace=False)
     summary = report.summary()
     rows.append(_row(
         "H100 (bench/gpu_step.py)", "%s d_model %d batch %d" % (
@@ -503,7 +509,7 @@ def h100_gpu_step():
         note="measured (median of 3 rounds); the paper column holds it",
         plan_flops_per_step=summary["flops_per_device"],
         measured_flops_per_step=run["flops_per_step"],
-        plan_compiler=report.hardware.compiler))
+        plan_compiler=getattr(report.hardware, "compiler", "tf")))
   return rows
 
 
@@ -599,6 +605,32 @@ def markdown_table(lines):
   return "\n".join(out).rstrip() + "\n"
 
 
+def compare_table(lines, before, after):
+  """Markdown: every step_seconds row, the paper's value and two labelled
+  runs' plans (plan / paper in parentheses)."""
+  runs = {}
+  order = []
+  for r in lines:
+    if r.get("quantity") != "step_seconds" or r.get("paper") is None:
+      continue
+    key = (r["table"], r.get("paper_row", r["row"]))
+    if key not in runs:
+      order.append(key)
+      runs[key] = {"paper": r["paper"]}
+    runs[key][r.get("label")] = r
+  out = ["| table | row | paper | plan %s | plan %s |" % (before, after),
+         "|---|---|---|---|---|"]
+  for key in order:
+    cells = runs[key]
+    texts = []
+    for label in (before, after):
+      r = cells.get(label)
+      texts.append("%.3g s (%.2f)" % (r["plan"], r["ratio"]) if r else "--")
+    out.append("| %s | %s | %.3g s | %s | %s |" % (
+        key[0], key[1], cells["paper"], texts[0], texts[1]))
+  return "\n".join(out) + "\n"
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--only", default="",
@@ -607,10 +639,21 @@ def main():
                       help="print the hardware models with their sources")
   parser.add_argument("--table", default="",
                       help="print the markdown table of a saved run")
+  parser.add_argument("--compare", default="",
+                      help="with --table: BEFORE,AFTER labels; the step "
+                      "rows of both runs side by side")
+  parser.add_argument("--label", default="",
+                      help="a label every row carries (e.g. the model's "
+                      "commit, to compare two runs)")
   args = parser.parse_args()
   if args.table:
     with open(args.table) as f:
-      print(markdown_table(json.loads(l) for l in f if l.strip()), end="")
+      lines = [json.loads(l) for l in f if l.strip()]
+    if args.compare:
+      print(compare_table(lines, *args.compare.split(",")), end="")
+    else:
+      print(markdown_table(r for r in lines if not args.label or
+                           r.get("label") == args.label), end="")
     return
   only = [p for p in args.only.split(",") if p]
   if args.describe:
@@ -624,6 +667,8 @@ def main():
     t0 = time.time()
     for row in section():
       row.setdefault("seconds", round(time.time() - t0, 2))
+      if args.label:
+        row["label"] = args.label
       print(json.dumps(row), flush=True)
       t0 = time.time()
 
