@@ -94,7 +94,8 @@ class _Recorder(object):
 def _is_linear_reader(op, tensor, pending):
   """Whether op keeps tensor's pending sum pending (see the docstring)."""
   name = type(op).__name__
-  if name == "ScalarMultiplyOperation":
+  if name in ("ScalarMultiplyOperation", "CustomGradientOperation"):
+    # A custom gradient's outputs are its function's, pending or not.
     return True
   if name == "UnaryOperation":
     return getattr(op, "_kind", None) in _LINEAR_UNARY
@@ -271,6 +272,12 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
       reduce_now(t)
     if plan is not None:
       rec.add_plan(plan)
+  if type(op).__name__ == "CustomGradientOperation":
+    for k, i in op.output_aliases.items():
+      source = op.inputs[i]
+      if source in pending and source not in reduced:
+        pending[op.outputs[k]] = pending[source]
+    return
   if type(op).__name__ == "ReshapeOperation":
     x, out = op.inputs[0], op.outputs[0]
     rec.span = span(x, op)

@@ -318,8 +318,13 @@ def _first_line(e):
 def _write_json(path, obj):
   """Atomically replaces path with obj as JSON."""
   tmp = path + ".tmp-%d" % os.getpid()
-  with open(tmp, "w") as f:
-    json.dump(obj, f, indent=1, sort_keys=True)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      json.dump(obj, f, indent=1, sort_keys=True)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:   # a full disk, a stop: no half-written file left
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise

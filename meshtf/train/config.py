@@ -26,6 +26,8 @@ import os
 
 import ml_collections
 
+from meshtf.train import preflight
+
 MODEL_TYPES = ("lm", "bitransformer")
 BACKENDS = ("placement", "simd")
 ACTIVATION_DTYPES = ("float32", "bfloat16")
@@ -222,6 +224,46 @@ def unknown_keys(config, schema=None, prefix=""):
   return out
 
 
+def missing_keys(config, schema=None, prefix=""):
+  """Dotted names of the schema's keys that config lacks (a config file
+  that built its own ConfigDict instead of starting from default_config).
+
+  Example:
+    >>> c = ml_collections.ConfigDict({"d_model": 32})
+    >>> missing_keys(c)[:2]
+    ['activation', 'activation_dtype']
+  """
+  schema = default_config() if schema is None else schema
+  out = []
+  for key in sorted(schema.keys()):
+    name = prefix + key
+    if key not in config:
+      out.append(name)
+    elif isinstance(schema[key], ml_collections.ConfigDict):
+      if isinstance(config[key], ml_collections.ConfigDict):
+        out.extend(missing_keys(config[key], schema[key], name + "."))
+      else:
+        out.append(name)
+  return out
+
+
+def missing_keys_problem(config, source="the config"):
+  """One line naming the keys config lacks and the fix, or None.
+
+  Example:
+    >>> missing_keys_problem(ml_collections.ConfigDict({"d_model": 32}))
+    'the config lacks 58 of the schema's keys (activation, ...): ...'
+  """
+  missing = missing_keys(config)
+  if not missing:
+    return None
+  return ("%s lacks %d of the config's keys (%s%s): start get_config() "
+          "from meshtf.train.config.default_config() and change what you "
+          "need, as t2t_configs/lm_tiny.py does" % (
+              source, len(missing), ", ".join(missing[:4]),
+              ", ..." if len(missing) > 4 else ""))
+
+
 def _near(name, choices):
   """Known names that look like name (for 'did you mean')."""
   import difflib
@@ -295,6 +337,9 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
         else "see meshtf/train/config.py for the keys"))
   if problems:  # the rest would read keys that may be misspelt
     raise ConfigError(problems)
+  problem = missing_keys_problem(config)
+  if problem:
+    raise ConfigError([problem])
 
   def need(ok, msg):
     if not ok:
@@ -310,16 +355,12 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
 
   need(config.model_type in MODEL_TYPES, "model_type=%r is unknown: use "
        "--config.model_type=lm or bitransformer" % config.model_type)
-  for key in ("vocab_size", "d_model", "num_layers", "num_heads", "d_kv",
-              "d_ff", "length", "train_steps", "batch_size", "vocab_divisor",
-              "keep_checkpoints", "checkpoint_every", "log_every",
-              "eval_steps", "decode_batches"):
-    value = config[key]
-    need(isinstance(value, int) and not isinstance(value, bool) and
-         value >= 1, "%s=%r must be a positive integer: set %s to 1 or more"
-         % (given(key), value, flag(key)))
-  need(0.0 <= config.dropout_rate < 1.0, "dropout_rate=%r must be in [0, 1)"
-       ": set --config.dropout_rate=0.1, say" % config.dropout_rate)
+  # Every numeric field's range (preflight.RANGES): a value that is not a
+  # number at all stops here, before the checks below compute with it.
+  ranges = preflight.range_problems(config, given, flag)
+  if ranges and not preflight.all_numbers(config):
+    raise ConfigError(problems + ranges)
+  problems.extend(ranges)
   need(config.backend in BACKENDS, "backend=%r is unknown: use --backend="
        "simd or --backend=placement" % config.backend)
   need(config.activation_dtype in ACTIVATION_DTYPES, "activation_dtype=%r "
@@ -339,15 +380,6 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
        "--config.optimizer=%s" % (config.optimizer, " | ".join(OPTIMIZERS)))
   need(config.schedule in SCHEDULES, "schedule=%r is unknown: use "
        "--config.schedule=%s" % (config.schedule, " | ".join(SCHEDULES)))
-  need(config.learning_rate > 0, "learning_rate=%r must be > 0"
-       % config.learning_rate)
-  for key in ("warmup_steps", "eval_every", "clip_gradient_norm",
-              "weight_decay_rate", "export_batch_size",
-              "collective_bucket_mb"):
-    need(config[key] >= 0, "%s=%r must be >= 0: set %s" % (
-        given(key), config[key], flag(key)))
-  need(0.0 <= config.target_accuracy <= 1.0, "target_accuracy=%r must be "
-       "in [0, 1]" % config.target_accuracy)
   need(config.decode_method in DECODE_METHODS, "decode_method=%r is "
        "unknown: use --config.decode_method=cached or recompute"
        % config.decode_method)
@@ -362,43 +394,18 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
        "greedy", "decode_method=%r decodes greedily only, but "
        "decode_strategy is %r: set --config.decode_method=cached" % (
            config.decode_method, config.decode_strategy))
-  need(config.decode_temperature >= 0, "decode_temperature=%r must be >= 0 "
-       "(0: greedy)" % config.decode_temperature)
-  need(isinstance(config.decode_top_k, int) and config.decode_top_k >= 0,
-       "decode_top_k=%r must be an integer >= 0 (0: sample among all "
-       "tokens)" % config.decode_top_k)
-  need(isinstance(config.decode_beam_size, int) and
-       config.decode_beam_size >= 1, "decode_beam_size=%r must be a positive"
-       " integer: set --config.decode_beam_size=4" % config.decode_beam_size)
-  need(config.decode_alpha >= 0, "decode_alpha=%r must be >= 0 (GNMT uses "
-       "0.6)" % config.decode_alpha)
   need(config.positional_embedding in ("learned", "sinusoidal", "none"),
        "positional_embedding=%r: use learned, sinusoidal or none"
        % config.positional_embedding)
   need(config.norm_type in ("rms_norm", "layer_norm"), "norm_type=%r: use "
        "rms_norm or layer_norm" % config.norm_type)
-  need(config.num_virtual_cpus >= 0, "%s=%r must be >= 0: set %s=0 (one "
-       "device per mesh processor) or to the mesh's size" % (
-           given("num_virtual_cpus"), config.num_virtual_cpus,
-           flag("num_virtual_cpus")))
   moe = config.moe
-  if moe.num_experts:
-    need(moe.num_experts >= 1, "moe.num_experts=%r must be >= 0 (0: no MoE)"
-         % moe.num_experts)
+  if moe.num_experts >= 1:
     need(moe.gating in GATINGS, "moe.gating=%r is unknown: use --config.moe."
          "gating=top_2 or switch" % moe.gating)
     need(not (moe.gating == "top_2" and moe.num_experts < 2),
          "moe.num_experts=%d is too few for top_2 gating: use >= 2 experts "
          "or --config.moe.gating=switch" % moe.num_experts)
-    for key in ("hidden_size", "group_size", "min_expert_capacity"):
-      need(isinstance(moe[key], int) and moe[key] >= 1,
-           "moe.%s=%r must be a positive integer" % (key, moe[key]))
-    need(isinstance(moe.num_groups, int) and moe.num_groups >= 0,
-         "moe.num_groups=%r must be an integer >= 0 (0: from group_size)"
-         % moe.num_groups)
-    for key in ("capacity_factor_train", "capacity_factor_eval"):
-      need(moe[key] > 0, "moe.%s=%r must be > 0 (GShard uses 1.0 when "
-           "training)" % (key, moe[key]))
     try:
       moe_layer_indices(config, config.num_layers)
     except ConfigError as e:
@@ -423,16 +430,12 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
 
 
 def _pipeline_problems(config):
-  """The pipeline fields: positive integers that divide what they split."""
+  """The pipeline fields divide what they split."""
   out = []
   keys = ("pipeline_stages", "num_microbatches", "circular_repeats")
-  for key in keys:
-    value = config[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-      out.append("%s=%r must be a positive integer (1: no pipelining): set "
-                 "--config.%s=1" % (key, value, key))
-  if out or max(config[k] for k in keys) == 1:
-    return out
+  if not all(preflight.POSITIVE.allows(config[k]) for k in keys) or max(
+      config[k] for k in keys) == 1:
+    return out   # a bad value is a range problem (preflight.RANGES)
   stages, repeats = config.pipeline_stages, config.circular_repeats
   if config.model_type != "lm":
     out.append("pipeline_stages=%d: only model_type=lm can be pipelined: set "
@@ -630,23 +633,38 @@ def layout_problem(config, mesh_layout_=None):
     >>> layout_problem(c)
     "--layout 'heads:model;d_ff:model' ... split both dimension 'heads' ..."
   """
+  return checked_training_graph(config, mesh_layout_)[2]
+
+
+def checked_training_graph(config, mesh_layout_=None):
+  """(graph, graph_layout, problem): the symbolic training graph, every
+  tensor's layout (MeshLayout.assign) and None, or (None, None, the one
+  line of layout_problem). The binary's preflight builds it once and
+  checks the layout, the checkpoint and the memory on it.
+
+  Example:
+    >>> graph, graph_layout, problem = checked_training_graph(config)
+  """
   from meshtf import layouts
   from meshtf.train import experiment
   layout = mesh_layout_ or mesh_layout(config)
   try:
     graph = experiment.build_training_graph(config, layout)[0]
-    experiment.check_layouts(graph, layout)
+    graph_layout = experiment.check_layouts(graph, layout)
   except layouts.LayoutError as e:
-    return "--layout %r on mesh %r: %s" % (
+    return None, None, "--layout %r on mesh %r: %s" % (
         str(config.layout), str(config.mesh_shape), str(e).splitlines()[0])
   except ConfigError as e:
-    return e.problems[0]
+    return None, None, e.problems[0]
   except ValueError as e:  # model-building errors (sizes) name their fix
-    return "the model cannot be built: %s" % str(e).splitlines()[0]
-  return None
+    return None, None, "the model cannot be built: %s" % (
+        str(e).splitlines()[0])
+  return graph, graph_layout, None
 
 
 __all__ = ["ConfigError", "default_config", "get_config", "load_file",
            "validate",
-           "mesh_layout", "layout_problem", "unknown_keys",
+           "mesh_layout", "layout_problem", "checked_training_graph",
+           "unknown_keys", "missing_keys",
+           "missing_keys_problem",
            "moe_layer_indices"]

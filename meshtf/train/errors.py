@@ -4,11 +4,15 @@ Every error the binary expects is printed as ONE line on stderr,
 "meshtf.train: error: <what, the sizes, the fix>", with no traceback:
 
   exit 2  bad input: flags, config, data or prompt files, model_dir (a
-          file, not writable, in use by another run, trained with another
-          model, no intact checkpoint), a mesh too large for virtual CPUs;
-          raised before anything is written
+          file, a symlink loop, not writable, in use by another run,
+          trained with another model, no intact checkpoint), a mesh too
+          large for virtual CPUs, a step too large for this machine's
+          memory; raised before anything is written. Also a model_dir
+          whose disk fills during training (DiskFullError): the last
+          checkpoint stays intact
   exit 1  training diverged (a loss, gradient norm or variable that is not
           finite): nothing is saved after the last good checkpoint
+  exit 130 / 143  stopped by SIGINT / SIGTERM (meshtf/train/stopping.py)
 
 Example:
   >>> raise UsageError("--model_dir=/etc/passwd is a file: pass a directory")
@@ -28,4 +32,28 @@ class DivergedError(RuntimeError):
   line naming the step and the likely causes, exit code 1."""
 
 
-__all__ = ["UsageError", "DivergedError", "EXIT_USAGE", "EXIT_DIVERGED"]
+class DiskFullError(UsageError):
+  """The disk of model_dir filled while training wrote to it: one line
+  naming what was being written and the checkpoint that stays intact,
+  exit code 2."""
+
+
+def is_disk_full(error):
+  """True for the errors a full disk (or an exhausted quota) raises: an
+  OSError ENOSPC / EDQUOT, or TensorFlow's ResourceExhaustedError "No
+  space left on device" (checkpoint bundles, summary event files).
+
+  Example:
+    >>> is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    True
+  """
+  import errno
+  if isinstance(error, OSError):
+    return error.errno in (errno.ENOSPC, errno.EDQUOT)
+  text = str(error)
+  return type(error).__name__ == "ResourceExhaustedError" and (
+      "No space left on device" in text or "Disk quota exceeded" in text)
+
+
+__all__ = ["UsageError", "DivergedError", "DiskFullError", "is_disk_full",
+           "EXIT_USAGE", "EXIT_DIVERGED"]

@@ -171,15 +171,26 @@ def export(config, model_dir, export_dir, checkpoint=None):
 
   module.score = score
   module.decode = decode
-  tmp = export_dir.rstrip("/") + ".tmp-%d" % os.getpid()
-  if os.path.exists(tmp):
-    shutil.rmtree(tmp)
-  tf.saved_model.save(module, tmp, signatures={
-      "score": score.get_concrete_function(),
-      "decode": decode.get_concrete_function()})
-  if os.path.exists(export_dir):
-    shutil.rmtree(export_dir)
-  os.rename(tmp, export_dir)
+  # Written under a temporary name and renamed when complete: a stop
+  # (Ctrl-C, SIGTERM, an error) leaves the previous export or none, never
+  # half of one.
+  base = export_dir.rstrip("/")
+  tmp, old = base + ".tmp-%d" % os.getpid(), base + ".old-%d" % os.getpid()
+  try:
+    if os.path.exists(tmp):
+      shutil.rmtree(tmp)
+    tf.saved_model.save(module, tmp, signatures={
+        "score": score.get_concrete_function(),
+        "decode": decode.get_concrete_function()})
+    if os.path.exists(export_dir):
+      os.rename(export_dir, old)
+    os.rename(tmp, export_dir)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    if os.path.exists(old) and not os.path.exists(export_dir):
+      os.rename(old, export_dir)
+    raise
+  shutil.rmtree(old, ignore_errors=True)
   return export_dir
 
 

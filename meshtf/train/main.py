@@ -26,10 +26,12 @@ Without --config, a model_dir that has been trained in supplies its
 config.json (so eval, decode and export need only --model_dir); a --config
 whose model differs from it is refused, naming the fields.
 
-Bad input (flags, config, mesh shape, layout, device count, data and prompt
-files, model_dir, checkpoints) is reported as one line on stderr before
-anything is written, with exit code 2; a diverged training run stops with
-one line and exit code 1 (meshtf/train/errors.py). TensorFlow's C++
+Bad input (flags, config and its ranges, mesh shape, layout, device count,
+memory, data and prompt files, model_dir, checkpoints) is reported as one
+line on stderr before anything is written, with exit code 2
+(meshtf/train/preflight.py); a diverged training run stops with one line
+and exit code 1 (meshtf/train/errors.py); SIGINT / SIGTERM save where
+training stopped and exit 130 / 143 (meshtf/train/stopping.py). TensorFlow's C++
 start-up lines are not shown (meshtf/train/startup.py; --verbosity=0 shows
 them).
 
@@ -55,7 +57,9 @@ from ml_collections import config_flags
 from meshtf.train import config as config_lib
 from meshtf.train import errors
 from meshtf.train import model_dir as model_dir_lib
+from meshtf.train import preflight
 from meshtf.train import session as session_lib
+from meshtf.train import stopping
 from meshtf.train import training_loop
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -94,12 +98,14 @@ def define_flags(flag_values=FLAGS, argv=None):
   argv = sys.argv if argv is None else argv
   _check_config_file(argv)
   try:
-    config_flags.DEFINE_config_file(
-        "config", _DEFAULT_CONFIG,
-        "Config file (a Python file with get_config(); 'file.py:arg' passes "
-        "arg to it); override keys with --config.<key>=value. Default: the "
-        "model_dir's config.json, else the embedded tiny MoE experiment.",
-        flag_values=flag_values, lock_config=True, sys_argv=argv)
+    with _config_file_warnings_dropped():
+      config_flags.DEFINE_config_file(
+          "config", _DEFAULT_CONFIG,
+          "Config file (a Python file with get_config(); 'file.py:arg' "
+          "passes arg to it); override keys with --config.<key>=value. "
+          "Default: the model_dir's config.json, else the embedded tiny MoE "
+          "experiment.", flag_values=flag_values, lock_config=True,
+          sys_argv=argv)
   except (AttributeError, KeyError) as e:
     raise _unknown_override(e, argv) from None
   define = dict(flag_values=flag_values)
@@ -169,9 +175,63 @@ def _check_config_file(argv):
                      "e.g. t2t_configs/lm_tiny.py" % value)
 
 
+class _DropConfigFileWarnings(object):
+  """A logging filter: ml_collections warns "get_config() returned None"
+  on stderr; the binary says it in its one error line instead."""
+
+  def filter(self, record):
+    return "get_config() returned" not in str(record.msg)
+
+
+class _config_file_warnings_dropped(object):
+  """While ml_collections loads a config file, its warnings are dropped."""
+
+  def __enter__(self):
+    self._filter = _DropConfigFileWarnings()
+    absl_logging.get_absl_logger().addFilter(self._filter)
+
+  def __exit__(self, *unused):
+    absl_logging.get_absl_logger().removeFilter(self._filter)
+
+
+def _returned_problem(value, path):
+  """One line if a config file's get_config() returned something other
+  than an ml_collections.ConfigDict (a dict, None, ...), else None."""
+  import ml_collections
+  if isinstance(value, ml_collections.ConfigDict) or path is None:
+    return None
+  what = ("None (no return statement?)" if value is None else
+          "a %s, not an ml_collections.ConfigDict" % type(value).__name__)
+  return ("--config=%s: get_config() returned %s: return meshtf.train."
+          "config.default_config() with your changes, as "
+          "t2t_configs/lm_tiny.py does" % (path, what))
+
+
+def _loaded_config_problem(argv):
+  """One line if the --config file on argv returns no ConfigDict or one
+  that lacks keys (an override then fails on it), else None. Loads the
+  file again: ml_collections keeps nothing of a parse that failed."""
+  value = _config_arg(argv)
+  if value is None:
+    return None
+  path, _, arg = value.partition(":")
+  try:
+    with _config_file_warnings_dropped():
+      loaded = config_lib.load_file(path, arg or None)
+  except Exception:  # pylint: disable=broad-except
+    return None   # the override's own error says more
+  return _returned_problem(loaded, value) or (
+      config_lib.missing_keys_problem(loaded, "--config=%s" % value))
+
+
 def _unknown_override(error, argv):
   """ml_collections rejects --config.<unknown key> while parsing the config
-  flag: name the key (from the command line) and the nearest known ones."""
+  flag: name the key (from the command line) and the nearest known ones.
+  (A config file whose get_config() returned no ConfigDict fails the same
+  way on any override: that is said instead.)"""
+  problem = _loaded_config_problem(argv)
+  if problem:
+    return UsageError(problem)
   known = config_lib._flat_keys(config_lib.default_config())
   for arg in argv[1:]:
     if arg.startswith("--config."):
@@ -199,7 +259,8 @@ def parse_flags(argv, flag_values=FLAGS):
     ['meshtf.train']
   """
   try:
-    return flag_values(argv)
+    with _config_file_warnings_dropped():
+      return flag_values(argv)
   except flags.UnrecognizedFlagError as e:
     name = getattr(e, "flagname", "") or ""
     if name.startswith("config."):
@@ -256,12 +317,18 @@ def resolve_config(flag_values=FLAGS):
                                                         CONFIG_FILE)
     config.update_from_flattened_dict(overrides)
   else:
+    problem = _returned_problem(flag_values.config, path if given else None)
+    if problem:
+      raise UsageError(problem)
     try:
       config = flag_values.config.copy_and_resolve_references()
     except (IOError, OSError) as e:  # the file failed to load
       raise UsageError("cannot load --config=%s: %s" % (path, _one_line(
           str(e).splitlines()[-1] if str(e) else e))) from None
     source = "--config=%s" % path if given else "the default config"
+    problem = config_lib.missing_keys_problem(config, "--config=%s" % path)
+    if problem:
+      raise UsageError(problem)
   config.unlock()
   for name in _OVERRIDES:
     value = getattr(flag_values, name)
@@ -279,11 +346,12 @@ def default_model_dir(config_path):
 
 
 # --- checks before writing anything -------------------------------------------
-def check_checkpoint(config, model_dir, mode, found=None):
+def check_checkpoint(config, model_dir, mode, found=None, graph=None):
   """Raises UsageError if model_dir's newest intact checkpoint (`found`,
   a checkpoint.IntactCheckpoint; read here if None) does not fit the
-  config's model, or, outside train, if there is none. Reads only;
-  returns the IntactCheckpoint (None: train from scratch)."""
+  config's model (`graph`: its symbolic training graph, built here if
+  None), or, outside train, if there is none. Reads only; returns the
+  IntactCheckpoint (None: train from scratch)."""
   from meshtf.train import checkpoint
   from meshtf.train import experiment
   if found is None:
@@ -299,7 +367,8 @@ def check_checkpoint(config, model_dir, mode, found=None):
                        "this --model_dir first" % (model_dir, mode))
     return None
   latest, saved = found.path, found.meta["variables"]
-  graph = experiment.build_training_graph(config)[0]
+  if graph is None:
+    graph = experiment.build_training_graph(config)[0]
   needed = graph.all_variables if mode == "train" else \
       graph.trainable_variables
   for v in needed:
@@ -367,10 +436,12 @@ def _check_device_count(config, mesh_layout, workers):
 def prepare(config, model_dir, mode, workers=None, devices=None,
             flag_names=None, source="the config"):
   """Everything that must pass before a directory is created or a device
-  configured: the config (layout and data files included), model_dir,
-  the prompt file, a run already training there, the config model_dir
-  was trained with, the newest intact checkpoint, the workers and the
-  device count. Returns (mesh_layout, IntactCheckpoint or None, prompts).
+  configured: the config (ranges, layout and data files included),
+  model_dir, the prompt file, a run already training there, the config
+  model_dir was trained with, the newest intact checkpoint, the workers,
+  the device count and the memory the step needs (the plan's estimate
+  against this machine's memory). Returns (mesh_layout, IntactCheckpoint
+  or None, prompts).
 
   Example:
     >>> layout, found, prompts = prepare(config, "/tmp/lm", "eval")
@@ -379,7 +450,14 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   """
   from meshtf.train import decode as decode_lib
   from meshtf.train import workers as workers_lib
-  mesh_layout = config_lib.validate(config, flag_names=flag_names)
+  mesh_layout = config_lib.validate(config, flag_names=flag_names,
+                                    check_layout=False)
+  # The symbolic training graph, built once: its layouts are checked here,
+  # the checkpoint's variables and the memory estimate below.
+  graph, graph_layout, problem = config_lib.checked_training_graph(
+      config, mesh_layout)
+  if problem:
+    raise config_lib.ConfigError([problem])
   writes = mode in ("train", "export", "plan", "sweep") or (
       mode == "decode" and config.decode_prompts_file and
       not config.decode_output_file)
@@ -395,25 +473,37 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   if mode in ("plan", "sweep"):   # no checkpoint: the config alone
     return mesh_layout, None, None
   _check_config_matches(config, model_dir, source)
-  found = check_checkpoint(config, model_dir, mode)
+  found = check_checkpoint(config, model_dir, mode, graph=graph)
   problems = workers_lib.problems(config, mesh_layout, workers, mode)
   if problems:
     raise config_lib.ConfigError(problems)
   if devices is None:
     _check_device_count(config, mesh_layout, workers)
+  if devices is None or not any("GPU" in str(d) or "TPU" in str(d)
+                                for d in devices):
+    # Virtual CPUs share this machine's memory; what cannot fit it is
+    # refused before TensorFlow allocates (GPUs' own memory is TF's).
+    here = mesh_layout.size // (workers.num_workers if workers else 1)
+    problem = preflight.memory_problem(config, mesh_layout, graph, mode,
+                                       here, graph_layout=graph_layout)
+    if problem:
+      raise config_lib.ConfigError([problem])
   return mesh_layout, found, prompt_set
 
 
 # --- modes --------------------------------------------------------------------
 def run(config, mode, model_dir, devices=None, out=None, progress=None,
-        workers=None, err=None, flag_names=None, source="the config"):
+        workers=None, err=None, flag_names=None, source="the config",
+        stops=None):
   """Runs one mode in-process; returns its results as a dict. Raises
   ConfigError / UsageError / DataError / PromptError / LayoutError on bad
   input (before writing) and DivergedError when training diverges.
   workers (meshtf.train.workers.Workers): this process is one worker of a
   multi-worker mesh; the cluster is joined here, before any TF work.
   Warnings (a damaged checkpoint skipped, a stale lock taken over) go to
-  err (default sys.stderr) as one line each."""
+  err (default sys.stderr) as one line each. stops: a
+  stopping.StopRequests whose signals stop the run cleanly (the binary's;
+  see meshtf/train/stopping.py)."""
   out = out or sys.stdout
   prefix = "" if workers is None or workers.is_chief else \
       "[worker %d] " % workers.index
@@ -428,6 +518,8 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
     raise config_lib.ConfigError(["mode %r is unknown: use --mode=%s" % (
         mode, " | ".join(config_lib.MODES))])
   from meshtf.train import auto_layout
+  stops = stops or stopping.NoStops()
+  stops.phase = "checking the config"
   # --layout=auto: the layout is chosen from plans (no devices, no TF
   # work), and then everything is checked as for a layout given by hand.
   layout_choice = auto_layout.resolve(config, log)
@@ -451,7 +543,7 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
             ", ".join(removed))
     result = _run_mode(config, mode, model_dir, devices, log, progress,
                        workers, mesh_layout, found, prompt_set,
-                       layout_choice)
+                       layout_choice, stops)
     if layout_choice is not None and isinstance(result, dict):
       result["layout_choice"] = layout_choice
     return result
@@ -476,8 +568,15 @@ def _report_damaged(found, may_move, warn):
 
 
 def _run_mode(config, mode, model_dir, devices, log, progress, workers,
-              mesh_layout, found, prompt_set, layout_choice=None):
+              mesh_layout, found, prompt_set, layout_choice=None,
+              stops=None):
   from meshtf.train import startup
+  stops = stops or stopping.NoStops()
+  stops.phase = {"train": "starting TensorFlow and building the model",
+                 "export": "exporting (the SavedModel is written under a "
+                           "temporary name until complete)",
+                 "eval": "evaluating", "decode": "decoding",
+                 "plan": "planning", "sweep": "sweeping"}[mode]
   if mode == "export":
     return export(config, model_dir, log, found)
   if mode == "plan":
@@ -497,7 +596,7 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
   session = Session(config, model_dir, mode, devices, log, workers,
                     mesh_layout, checkpoint=found)
   if mode == "train":
-    return train(session, progress)
+    return train(session, progress, stops)
   step = session.restore()
   data = experiment.make_data(config, model_dir)
   if mode == "eval":
@@ -536,7 +635,7 @@ def _expected_errors():
 # OS errors that mean "this path cannot be used", not a bug.
 _PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,
                 errno.EDQUOT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST,
-                errno.ENAMETOOLONG)
+                errno.ENAMETOOLONG, errno.ELOOP)
 
 
 def run_with_flags(flag_values=FLAGS, argv=(), out=None, err=None,
@@ -549,17 +648,29 @@ def run_with_flags(flag_values=FLAGS, argv=(), out=None, err=None,
     0
   """
   err = err or sys.stderr
+  model_dir = None
   try:
-    if len(argv) > 1:
-      raise UsageError("unexpected arguments %s: flags only (--config, "
-                       "--mode, ...)" % " ".join(argv[1:]))
-    from meshtf.train import workers as workers_lib
-    config, model_dir, source, flag_names = resolve_config(flag_values)
-    workers = workers_lib.from_flags(flag_values.worker_hosts,
-                                     flag_values.task_index)
-    run(config, flag_values.mode, model_dir, workers=workers, out=out,
-        err=err, progress=progress, flag_names=flag_names, source=source)
+    with stopping.StopRequests() as stops:
+      if len(argv) > 1:
+        raise UsageError("unexpected arguments %s: flags only (--config, "
+                         "--mode, ...)" % " ".join(argv[1:]))
+      from meshtf.train import workers as workers_lib
+      config, model_dir, source, flag_names = resolve_config(flag_values)
+      workers = workers_lib.from_flags(flag_values.worker_hosts,
+                                       flag_values.task_index)
+      run(config, flag_values.mode, model_dir, workers=workers, out=out,
+          err=err, progress=progress, flag_names=flag_names, source=source,
+          stops=stops)
     return 0
+  except stopping.Stopped as e:   # after saving: where, and how to go on
+    err.write("meshtf.train: %s\n" % e)
+    err.flush()
+    return e.exit_code
+  except stopping.Interrupted as e:
+    err.write("meshtf.train: %s\n" % _interrupted_message(
+        e, model_dir, flag_values.mode))
+    err.flush()
+    return e.exit_code
   except Exception as e:  # pylint: disable=broad-except
     code = _exit_code(e)
     if code is None:
@@ -568,6 +679,38 @@ def run_with_flags(flag_values=FLAGS, argv=(), out=None, err=None,
       err.write("meshtf.train: error: %s\n" % line)
     err.flush()
     return code
+
+
+def _interrupted_message(error, model_dir, mode="train"):
+  """The one line of a run stopped at once by a signal: what was running
+  and what model_dir keeps (everything it holds was written atomically).
+
+  Example:
+    >>> _interrupted_message(stopping.Interrupted(signal.SIGINT, "tracing"
+    ...                      " and lowering the training step"), "/tmp/m")
+    'stopped by SIGINT while tracing and lowering the training step: ...'
+  """
+  from meshtf.train import checkpoint
+  latest = None
+  if model_dir is not None:
+    try:
+      latest = checkpoint.CheckpointManager(model_dir).latest()
+    except OSError:
+      pass
+  if model_dir is None:
+    kept = "nothing was written"
+  elif latest is None:
+    kept = "%s holds no checkpoint" % model_dir
+  elif mode == "train":
+    kept = "%s keeps %s (train again with this --model_dir to continue " \
+           "from there)" % (model_dir, os.path.basename(latest))
+  else:
+    kept = "nothing was written; %s keeps %s" % (model_dir,
+                                                  os.path.basename(latest))
+  return "stopped %sby %s while %s: %s" % (
+      "at once " if error.second else "", ("a second " if error.second
+                                           else "") +
+      stopping.signal_name(error.signum), error.phase, kept)
 
 
 def _exit_code(error):
@@ -621,7 +764,15 @@ def main(argv):
   tf.get_logger().setLevel(logging.ERROR)
   if not FLAGS["verbosity"].present:
     absl_logging.set_verbosity(absl_logging.WARNING)
-  sys.exit(run_with_flags(FLAGS, argv))
+  code = run_with_flags(FLAGS, argv)
+  if code in (stopping.exit_code(s) for s in stopping.SIGNALS):
+    # Stopped by a signal: everything is saved; TensorFlow's threads may
+    # still wait on a collective the stop cut short, which would hold up
+    # the interpreter's exit.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  sys.exit(code)
 
 
 def define_flags_or_exit():

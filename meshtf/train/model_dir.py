@@ -20,6 +20,7 @@ Example:
   >>> with ModelDirLock("/tmp/lm") as lock:     # UsageError if in use
   ...   removed = clean_leftovers("/tmp/lm")
 """
+import errno
 import json
 import os
 import socket
@@ -70,11 +71,62 @@ def check_writable(model_dir):
 
 
 def check_not_a_file(model_dir):
-  """Raises UsageError if model_dir exists and is not a directory."""
+  """Raises UsageError if model_dir exists and is not a directory, or is
+  (or lies under) a symlink that loops or points nowhere."""
+  check_links(model_dir)
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise errors.UsageError(
         "--model_dir=%s is a file, not a directory: pass a directory "
         "(created if missing)" % model_dir)
+
+
+def check_links(model_dir):
+  """Raises UsageError if model_dir or a folder above it is a symlink loop
+  (the OS gives up resolving it) or a symlink to nothing.
+
+  Example:
+    >>> check_links("/tmp/loop_a")       # loop_a -> loop_b -> loop_a
+    Traceback (most recent call last):
+    UsageError: --model_dir=/tmp/loop_a: /tmp/loop_a is a symlink loop ...
+  """
+  path = os.path.abspath(model_dir)
+  parts = []
+  while True:
+    parts.append(path)
+    parent = os.path.dirname(path)
+    if parent == path:
+      break
+    path = parent
+  for path in reversed(parts):   # the topmost bad link names the problem
+    if not os.path.islink(path):
+      continue
+    try:
+      os.stat(path)
+    except OSError as e:
+      if e.errno == errno.ELOOP:
+        raise errors.UsageError(
+            "--model_dir=%s: %s is a symlink loop (%s): point it at a "
+            "directory, or pass another --model_dir" % (
+                model_dir, path, " -> ".join(_link_chain(path))))
+      if e.errno == errno.ENOENT:
+        raise errors.UsageError(
+            "--model_dir=%s: %s is a symlink to %s, which does not exist: "
+            "create it, or pass another --model_dir" % (
+                model_dir, path, os.readlink(path)))
+      raise
+
+
+def _link_chain(path, limit=4):
+  """path, what it links to, ... until a name repeats (at most limit)."""
+  chain, seen = [path], {path}
+  while len(chain) <= limit and os.path.islink(chain[-1]):
+    target = os.path.join(os.path.dirname(chain[-1]), os.readlink(chain[-1]))
+    target = os.path.normpath(target)
+    chain.append(target)
+    if target in seen:
+      break
+    seen.add(target)
+  return chain
 
 
 # --- the lock ---------------------------------------------------------------
@@ -346,11 +398,16 @@ def write_config(model_dir, config):
   """Writes config.json atomically (a temporary file renamed over it)."""
   path = os.path.join(model_dir, CONFIG_FILE)
   tmp = "%s.tmp-%d" % (path, os.getpid())
-  with open(tmp, "w") as f:
-    f.write(config.to_json(indent=1, sort_keys=True))
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      f.write(config.to_json(indent=1, sort_keys=True))
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:   # a full disk, a stop: no half-written file left
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
 
 
 def config_conflicts(saved, config):
@@ -376,6 +433,6 @@ def _get(config, dotted):
 
 
 __all__ = ["LOCK_FILE", "CONFIG_FILE", "MODEL_KEYS", "check_writable",
-           "check_not_a_file", "check_not_in_use", "ModelDirLock",
-           "clean_leftovers",
+           "check_not_a_file", "check_links", "check_not_in_use",
+           "ModelDirLock", "clean_leftovers",
            "read_config", "write_config", "config_conflicts"]

@@ -20,6 +20,7 @@ Example:
   >>> result["reached"], result["step"]
   (True, 175)
 """
+import contextlib
 import json
 import math
 import os
@@ -31,17 +32,56 @@ import numpy as np
 from meshtf.train import config as config_lib
 from meshtf.train import errors
 from meshtf.train import model_dir as model_dir_lib
+from meshtf.train import stopping
 
 METRICS_FILE = "metrics.jsonl"
 
 
-def train(session, progress=None):
+def train(session, progress=None, stops=None):
+  """The training loop (see the module docstring); see _train. A disk
+  that fills while it writes is errors.DiskFullError: one line naming
+  what was being written and the checkpoint that stays intact."""
+  try:
+    return _train(session, progress, stops)
+  except Exception as e:  # pylint: disable=broad-except
+    if not errors.is_disk_full(e):
+      raise
+    latest = session.manager.latest()
+    raise errors.DiskFullError(
+        "the disk of --model_dir=%s is full (%s): %s; free space on it (or "
+        "pass --model_dir on a disk with room) and train again to continue "
+        "from there" % (
+            session.model_dir, _disk_full_reason(e, session.model_dir),
+            "%s is intact" % latest if latest else
+            "no checkpoint was saved")) from None
+
+
+def _disk_full_reason(error, model_dir):
+  """'No space left on device writing <file under model_dir>'."""
+  if isinstance(error, OSError):
+    path, reason = error.filename, error.strerror
+  else:   # TF: "{{function_node ...}} <path>; No space left on device ..."
+    line = (str(error).strip().splitlines() or [""])[0]
+    path, _, reason = line.split("}} ", 1)[-1].partition("; ")
+    reason = reason.split(" [Op:", 1)[0]
+  if not path:
+    return reason or type(error).__name__
+  rel = os.path.relpath(str(path), model_dir)
+  return "%s writing %s" % (reason, str(path) if rel.startswith("..")
+                            else rel)
+
+
+def _train(session, progress=None, stops=None):
   """The training loop (see the module docstring); returns {"history",
   "eval", "evals", "reached", "start_step", "step", "wall_s",
-  "collective_stats"}. Raises errors.DivergedError."""
+  "collective_stats"}. Raises errors.DivergedError; with stops (a
+  stopping.StopRequests), a SIGINT / SIGTERM after the first step saves a
+  checkpoint at the step reached and raises stopping.Stopped, and one
+  before it (or a second one) stops at once (stopping.Interrupted)."""
   import tensorflow as tf
   from meshtf.models import training
   from meshtf.train import experiment
+  stops = stops or stopping.NoStops()
   config, log = session.config, session.log
   model_dir = session.model_dir
   data = experiment.make_data(config, model_dir)
@@ -88,6 +128,10 @@ def train(session, progress=None):
               config.target_accuracy))
       evals.append(dict(result, step=start_step))
       end = start_step
+  # Until the first step has run there is nothing new to save: a signal
+  # stops at once. From then on the first one is a request, answered
+  # after the step in flight (deferral entered below).
+  stops.phase = "tracing and lowering the training step"
   if step < end:
     print_header(session, start_step)
     log("tracing and lowering the training step ...")
@@ -95,9 +139,15 @@ def train(session, progress=None):
   bar = None
   t_start = time.time()
   t_window, window_steps = time.time(), 0
-  with (open(metrics_path, "a") if chief else open(os.devnull, "w")
-        ) as metrics_file:
-    while step < end:
+  deferral = contextlib.ExitStack()
+
+  def close_bar():   # also when a signal stops the run at once
+    if bar is not None:
+      bar.close()
+  deferral.callback(close_bar)
+  with deferral, (open(metrics_path, "a") if chief else
+                  open(os.devnull, "w")) as metrics_file:
+    while step < end and not stops.requested:
       t0 = time.time()
       outputs = step_fn(data.train_batch(step, rows=session.rows))
       record = {k: float(np.asarray(v)) for k, v in outputs.items()}
@@ -107,6 +157,7 @@ def train(session, progress=None):
       check_finite(record, step, config, saved_step)
       dt = time.time() - t0
       if step == start_step:
+        deferral.enter_context(stops.deferred("training"))
         print_first_step(session, step_fn, dt)
         bar = _progress_bar(config, start_step, progress)
         t_window, window_steps = time.time(), 0
@@ -145,11 +196,16 @@ def train(session, progress=None):
         if config.stop_at_target and result["accuracy"] >= \
             config.target_accuracy:
           break
-  if bar is not None:
-    bar.close()
-  wall = time.time() - t_start
-  if step > start_step:
-    _save(session, step, config, saved_step)
+    close_bar()
+    wall = time.time() - t_start
+    if step > start_step and saved_step != step:
+      stops.phase = "saving ckpt-%d" % step
+      _save(session, step, config, saved_step)
+  if stops.requested:
+    writer.flush()
+    eval_writer.flush()
+    raise stopping.Stopped(stops.signum, stopped_message(
+        stops.signum, step, session.manager.latest(), model_dir))
   if not (evals and evals[-1]["step"] == step):
     result = session.evaluate(data)
     evals.append(dict(result, step=step))
@@ -170,6 +226,19 @@ def train(session, progress=None):
           "reached": reached, "start_step": start_step, "step": step,
           "wall_s": wall, "collective_stats":
           step_fn.mesh_function.collective_stats() if history else None}
+
+
+def stopped_message(signum, step, path, model_dir):
+  """The one line of a training run stopped by a signal after saving.
+
+  Example:
+    >>> stopped_message(signal.SIGTERM, 37, "/tmp/m/ckpt-37", "/tmp/m")
+    'stopped by SIGTERM after step 37: saved /tmp/m/ckpt-37; train again
+    with --model_dir=/tmp/m to continue from step 37'
+  """
+  return ("stopped by %s after step %d: saved %s; train again with "
+          "--model_dir=%s to continue from step %d" % (
+              stopping.signal_name(signum), step, path, model_dir, step))
 
 
 # --- the divergence guard -----------------------------------------------------

@@ -45,6 +45,12 @@ def files(tmp_path_factory):
   (d / "noconf.py").write_text("x = 1\n")
   (d / "syntax.py").write_text("def get_config(:\n")
   (d / "bad_token.txt").write_text("5 9 400\n")
+  (d / "returns_dict.py").write_text(
+      "def get_config():\n  return {'d_model': 32}\n")
+  (d / "returns_none.py").write_text("def get_config():\n  pass\n")
+  (d / "lacks_keys.py").write_text(
+      "import ml_collections\n\ndef get_config():\n"
+      "  return ml_collections.ConfigDict({'d_model': 32})\n")
   return str(d)
 
 
@@ -122,12 +128,19 @@ def _state_readonly(d):
   d.chmod(0o555)
 
 
+def _state_symlink_loop(d):
+  """model_dir -> loop -> model_dir."""
+  loop = d.parent / "loop"
+  os.symlink(str(loop), str(d))
+  os.symlink(str(d), str(loop))
+
+
 STATES = {"none": lambda d: None, "trained": _state_trained,
           "locked": _state_locked, "broken_config": _state_broken_config,
           "unknown_key_config": _state_unknown_key_config,
           "damaged": _state_damaged, "file": _state_file,
           "foreign_checkpoint": _state_foreign_checkpoint,
-          "readonly": _state_readonly}
+          "readonly": _state_readonly, "symlink_loop": _state_symlink_loop}
 
 # (case id, flags ({files} and {model_dir} are filled in), model_dir state,
 #  the text the one line must contain). "--config=" + lm_tiny is added
@@ -150,6 +163,41 @@ CASES = [
      "--batch_size=0 must be a positive integer"),
     ("decode_strategy", ["--config.decode_strategy=top"], "none",
      "decode_strategy='top' is unknown"),
+    # numeric fields out of their range (meshtf/train/preflight.py RANGES)
+    ("capacity_factor_inf", ["--config.moe.capacity_factor_train=inf"],
+     "none", "--config.moe.capacity_factor_train=inf must be a finite "
+     "number > 0: set --config.moe.capacity_factor_train=1.0"),
+    ("bucket_mb_inf", ["--config.collective_bucket_mb=inf"], "none",
+     "--config.collective_bucket_mb=inf must be a finite number >= 0"),
+    ("seed_negative", ["--seed=-1"], "none",
+     "--seed=-1 must be an integer in [0, 2**63): set --seed=0"),
+    ("eval_seed_negative", ["--config.eval_seed=-7"], "none",
+     "--config.eval_seed=-7 must be an integer in [-1, 2**63)"),
+    ("momentum_negative", ["--config.optimizer=momentum",
+                           "--config.momentum=-5"], "none",
+     "--config.momentum=-5.0 must be a number in [0, 1): set "
+     "--config.momentum=0.9"),
+    ("weight_decay_huge", ["--config.weight_decay_rate=1e6"], "none",
+     "the range is [0, 0.1 / learning_rate] = [0, 10] (AdamW runs use "
+     "0.01-0.1): set --config.weight_decay_rate=0.01"),
+    ("eval_steps_huge", ["--config.eval_steps=10000000"], "none",
+     "--config.eval_steps=10000000 must be an integer in [1, 10000]"),
+    ("decode_batches_huge", ["--mode=decode",
+                             "--config.decode_batches=10000000"], "none",
+     "--config.decode_batches=10000000 must be an integer in [1, 10000]"),
+    ("layers_absurd", ["--config.num_layers=1000000"], "none",
+     "--config.num_layers=1000000 must be an integer in [1, 10000]"),
+    # sizes that cannot fit this machine's memory (the plan's estimate)
+    ("d_model_absurd", ["--config.d_model=1000000000"], "none",
+     "the training step needs an estimated 23,000 GB per device "
+     "(parameters 1,170 GB, optimizer state 2,340 GB, activations 19,500 GB"
+     " at their peak; meshtf/plan's estimate) x 8 virtual CPUs = 184,000 "
+     "GB, but this machine has"),
+    ("length_absurd", ["--config.length=100000"], "none",
+     "activations 7,680 GB at their peak"),
+    ("batch_size_absurd", ["--batch_size=100000000"], "none",
+     "activations 1,500 GB at their peak; meshtf/plan's estimate) x 8 "
+     "virtual CPUs = 12,000 GB, but this machine has"),
     # mesh, layout, devices
     ("mesh_malformed", ["--mesh_shape=data:2;model"], "none",
      "mesh_shape 'data:2;model' is malformed"),
@@ -169,7 +217,8 @@ CASES = [
     ("device_count", ["--num_virtual_cpus=2"], "none",
      "has 8 processors but num_virtual_cpus is 2: set --num_virtual_cpus=8"),
     ("virtual_cpus_negative", ["--num_virtual_cpus=-1"], "none",
-     "--num_virtual_cpus=-1 must be >= 0: set --num_virtual_cpus=0"),
+     "--num_virtual_cpus=-1 must be an integer >= 0: set "
+     "--num_virtual_cpus=0"),
     ("paper_config_512_devices",
      ["--config=" + os.path.join(CONFIGS, "mtf_lm_table2.py") + ":0.14B"],
      "none", "mesh_shape 'rows:16;cols:32' needs 512 devices, which this run"
@@ -192,6 +241,19 @@ CASES = [
      "none.py does not exist"),
     ("config_syntax", ["--config={files}/syntax.py"], "none",
      "syntax.py is not a Python file"),
+    ("config_returns_dict", ["--config={files}/returns_dict.py"], "none",
+     "returns_dict.py: get_config() returned a dict, not an "
+     "ml_collections.ConfigDict: return meshtf.train.config.default_config()"
+     " with your changes"),
+    ("config_returns_none", ["--config={files}/returns_none.py"], "none",
+     "returns_none.py: get_config() returned None (no return statement?)"),
+    ("config_returns_none_overridden", ["--config={files}/returns_none.py",
+                                        "--config.d_model=8"], "none",
+     "returns_none.py: get_config() returned None"),
+    ("config_lacks_keys", ["--config={files}/lacks_keys.py"], "none",
+     "lacks_keys.py lacks 66 of the config's keys (activation, "
+     "activation_dtype, activation_layout, auto_layout_dims, ...): start "
+     "get_config() from meshtf.train.config.default_config()"),
     ("config_raises", ["--config=" + os.path.join(
         CONFIGS, "mtf_lm_table2.py") + ":9B"], "none",
      "row '9B' is not one of"),
@@ -234,6 +296,13 @@ CASES = [
     ("model_dir_under_a_file", ["--model_dir={files}/latin1.txt/sub"],
      "none", "cannot create --model_dir={files}/latin1.txt/sub: "
      "{files}/latin1.txt is a file"),
+    ("model_dir_symlink_loop", [], "symlink_loop",
+     "--model_dir={model_dir}: {model_dir} is a symlink loop ({model_dir} "
+     "-> {model_dir_parent}/loop -> {model_dir}): point it at a directory"),
+    ("eval_model_dir_symlink_loop", ["--mode=eval"], "symlink_loop",
+     "{model_dir} is a symlink loop"),
+    ("model_dir_under_a_symlink_loop", ["--model_dir={model_dir}/sub"],
+     "symlink_loop", "{model_dir} is a symlink loop"),
     ("model_dir_read_only", [], "readonly",
      "--model_dir={model_dir} is not writable"),
     ("model_dir_in_use", [], "locked",
@@ -267,6 +336,8 @@ def _snapshot(path):
   """Every file under path with its bytes' digest (None: no such path)."""
   if not os.path.lexists(path):
     return None
+  if os.path.islink(path) and not os.path.exists(path):
+    return ("symlink", os.readlink(path))   # a loop, or to nothing
   if not os.path.isdir(path):
     with open(path, "rb") as f:
       return hashlib.sha1(f.read()).hexdigest()
@@ -305,7 +376,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(
     real_access = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if os.path.abspath(
         p) == model_dir and mode & os.W_OK else real_access(p, mode))
-  fill = lambda s: s.format(files=files, model_dir=model_dir)  # noqa: E731
+  fill = lambda s: s.format(files=files, model_dir=model_dir,  # noqa: E731
+                            model_dir_parent=str(tmp_path))
   before = _snapshot(model_dir)
   out, err = io.StringIO(), io.StringIO()
   code = main.run_command(_command([fill(f) for f in flags], model_dir),
@@ -328,6 +400,13 @@ def test_the_catalogue_covers_the_issue():
           "train_steps_flag", "paper_config_512_devices", "model_dir_in_use",
           "config_conflicts_with_model_dir", "every_checkpoint_damaged",
           } <= ids
+  # issue 32: numbers out of range, sizes that cannot fit, config files
+  # returning the wrong thing, a model_dir that is a symlink loop
+  assert {"capacity_factor_inf", "bucket_mb_inf", "seed_negative",
+          "eval_seed_negative", "momentum_negative", "weight_decay_huge",
+          "eval_steps_huge", "d_model_absurd", "length_absurd",
+          "batch_size_absurd", "config_returns_dict", "config_returns_none",
+          "config_lacks_keys", "model_dir_symlink_loop"} <= ids
   assert len(ids) == len(CASES)
 
 
@@ -344,6 +423,8 @@ def test_a_real_process_prints_exactly_one_line(files, tmp_path):
        "is not UTF-8 text"),
       (["--model_dir=%s/latin1.txt" % files], "is a file, not a directory"),
       (["--config=%s/noconf.py" % files], "defines no get_config()"),
+      # ml_collections' own warning line is not shown
+      (["--config=%s/returns_none.py" % files], "get_config() returned None"),
   ]
   procs = []
   for i, (flags, _) in enumerate(cases):

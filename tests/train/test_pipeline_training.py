@@ -90,8 +90,8 @@ def test_bad_pipeline_settings_are_one_line_each_with_the_fix():
       "'stage' on mesh axis pipe of size 4 (mesh 'pipe:4;data:2'): use a "
       "mesh axis of size 2 for 'stage', or --config.pipeline_stages=4"]
   assert _problems(circular_repeats=0, layout="batch:data") == [
-      "circular_repeats=0 must be a positive integer (1: no pipelining): set"
-      " --config.circular_repeats=1"]
+      "circular_repeats=0 must be a positive integer: set "
+      "--config.circular_repeats=1 (1: no pipelining)"]
   assert _problems(activation_layout="batch:data", **stage) == [
       "pipeline_stages=2 but --config.activation_layout='batch:data' has no "
       "rule for dim 'stage', so its annotations would replicate the "
