@@ -37,16 +37,7 @@ at least 1"): 16 slots at 128 experts, 4 at 512, 1 at 2048 (meshtf's
 default floor of 4 slots would double the 2048-expert layers' expert
 flops and grow their dispatch tensors 4x).
 
-GSPMD (Xu et al., 2021) Table 6 benchmarks a sparse MoE language model of
-this family, one expert per core, 32 to 2048 experts (rows
-gspmd_table6_32E, _128E, _512E, _2048E: batch 128 / 512 / 2048 / 8192).
-GSPMD gives its parameter counts (10B, 37B, 145B, 577B), not its shape:
-GShard's widths with 34 decoder layers, every other one MoE, give 9.8B,
-37B, 147B and 585B (within 2%; 32 layers would give 9.2B .. 550B). As in
-GSPMD's other benchmarks: bfloat16 activations, Adafactor. It states no
-rematerialization; XLA rematerializes what does not fit on its own (GShard
-5.1), which meshtf does not: these rows recompute each layer (remat
-"full").
+GSPMD's Table 6 MoE language model is t2t_configs/gspmd_moe.py.
 
 Assumptions (not in the papers): sequences of 1024 tokens (the batch in
 sequences is tokens / 1024), one shared 64k vocabulary (the paper has 64k
@@ -66,27 +57,20 @@ ROWS = {  # name: (experts per layer, enc+dec layers, batch tokens)
     "table1_128E_12L": (128, 12, 1 << 20),
     "table1_2048E_60L": (2048, 60, 4 << 20),
 }
-# GSPMD Table 6: name: (experts, decoder layers, batch in sequences).
-LM_ROWS = {"gspmd_table6_%dE" % e: (e, 34, 4 * e)
-           for e in (32, 128, 512, 2048)}
 # The names before the rows were named after the paper's tables.
 ALIASES = {name[len("table1_"):]: name for name in ROWS}
 PAPER_WEIGHTS = {"2048E_36L": 600e9, "2048E_12L": 200e9, "512E_36L": 150e9,
                  "512E_12L": 50e9, "128E_36L": 37e9, "128E_12L": 12.5e9,
                  "2048E_60L": 1e12}
 PAPER_WEIGHTS.update({ALIASES[k]: v for k, v in list(PAPER_WEIGHTS.items())})
-PAPER_WEIGHTS.update({"gspmd_table6_32E": 10e9, "gspmd_table6_128E": 37e9,
-                      "gspmd_table6_512E": 145e9,
-                      "gspmd_table6_2048E": 577e9})
 LENGTH = 1024
 
 
 def get_config(row="table1_2048E_36L"):
   row = ALIASES.get(row or "table1_2048E_36L", row or "table1_2048E_36L")
-  if row not in ROWS and row not in LM_ROWS:
-    raise ValueError("gshard_moe: row %r is not one of %s, %s (or an old "
-                     "name: %s)" % (row, ", ".join(ROWS), ", ".join(LM_ROWS),
-                                    ", ".join(ALIASES)))
+  if row not in ROWS:
+    raise ValueError("gshard_moe: row %r is not one of %s (or an old "
+                     "name: %s)" % (row, ", ".join(ROWS), ", ".join(ALIASES)))
   c = config_lib.default_config()
   c.vocab_size = 64000
   c.vocab_divisor = 128
@@ -96,23 +80,15 @@ def get_config(row="table1_2048E_36L"):
   c.d_ff = 8192
   c.dropout_rate = 0.1
   c.length = LENGTH
-  if row in ROWS:
-    experts, layers, tokens = ROWS[row]
-    c.model_type = "bitransformer"
-    c.num_layers = layers // 2
-    c.num_decoder_layers = layers // 2
-    c.batch_size = tokens // LENGTH
-    # "We use float32 for both model weights and activations"; the 1T
-    # model's activations were bfloat16.
-    c.activation_dtype = "bfloat16" if layers == 60 else "float32"
-    c.remat = "full" if layers >= 36 else "none"
-  else:
-    experts, layers, c.batch_size = LM_ROWS[row]
-    c.model_type = "lm"
-    c.num_layers = layers
-    c.activation_dtype = "bfloat16"
-    c.remat = "full"
-    tokens = c.batch_size * LENGTH
+  experts, layers, tokens = ROWS[row]
+  c.model_type = "bitransformer"
+  c.num_layers = layers // 2
+  c.num_decoder_layers = layers // 2
+  c.batch_size = tokens // LENGTH
+  # "We use float32 for both model weights and activations"; the 1T
+  # model's activations were bfloat16.
+  c.activation_dtype = "bfloat16" if layers == 60 else "float32"
+  c.remat = "full" if layers >= 36 else "none"
   c.moe.num_experts = experts
   c.moe.layers = "odd"
   c.moe.hidden_size = 8192

@@ -1,32 +1,24 @@
-"""GSPMD (Xu et al., 2021) section 5: the dense Transformer language model
-with 2-D sharding on an (X, Y) mesh (Tables 2 and 3) and pipelined on an
-(L, X, Y) mesh (Table 4).
+"""GSPMD (Xu et al., 2021) section 5.1: the dense Transformer language
+model with 2-D sharding on an (X, Y) mesh (Tables 2 and 3; Table 4's
+pipelined rows are t2t_configs/gspmd_pipeline.py).
 
 As the paper trained them (5.1): 32-bit parameters, 16-bit (bfloat16)
 activations, Adafactor; sequences of 1024 tokens, vocabulary 32000; the
 batch of each row of the tables. Table 2 ("wide"): M = d_model 8192,
 H = d_ff 65536, N = heads 128, D = d_kv 256, about 2B parameters per layer
 (attention + feed-forward); its 1T row is 4x wider per layer (M 16384,
-H 131072, N 256). Tables 3 and 4 ("narrow"): M 4096, H 16384, N 64, D 128,
-64 layers, 16B parameters.
+H 131072, N 256). Table 3 ("narrow"): M 4096, H 16384, N 64, D 128,
+64 layers, 16B parameters. The paper states no rematerialization for
+these rows (remat "none").
 
-Rematerialization where the paper had it: the pipelined rows recompute
-each iteration's forward pass in the backward pass, as GPipe does (5.2:
-"a key difference from non-pipelined configurations is that we recompute
-forward pass intermediate results during the backward pass") -- meshtf's
-pipeline is a loop whose gradient does that by construction -- and the
-2-D sharded rows keep everything (remat "none"). Inside meshtf's loop
-every tensor takes the layout rules, so a stage's activations keep d_model
-whole where GSPMD splits it over Y (4x the [batch, length, d_model]
-tensors of GSPMD's in-stage 2-D sharding); the pipelined rows therefore
-also recompute each layer inside the recomputed stage (remat "full"):
-planned, "none" needs 20.1 GB per core at 16 x 64, "full" 13.5 GB.
-
-Sharding (GSPMD Table 1, on the (X, Y) mesh). The layout rules lay out the
-weights; GSPMD's activation annotations are config.activation_layout,
-which the Transformer's layers apply to the residual stream (BSM), the
-attention projections (BSND), the feed-forward hidden (BSH) and the
-attention mask:
+Sharding (GSPMD Table 1, on the (X, Y) mesh). GSPMD annotates the
+weights: here config.variable_layout, the weights' own rules (the layout
+rules are the same, the default for everything nothing annotates); its
+activation annotations are config.activation_layout, which the
+Transformer's layers apply to the residual stream (BSM), the attention
+projections (BSND), the feed-forward hidden (BSH) and the attention
+mask. The sharding completion (meshtf/layouts/completion.py) lays out the
+rest, the backward pass included:
 
   variant     layout (weights)                   activation_layout
   finalized   d_model:x;d_ff:y;heads:y;vocab:y   batch:x;d_model:y;d_ff:y;heads:y
@@ -38,17 +30,13 @@ attention mask:
 weights but on Y in the activations, and the batch is on X. Each layer
 then allgathers BSM over Y and its weights over X, and reduces its output
 BSM over Y (GSPMD Figure 7: a reduce-scatter), and every long-lived
-tensor is split over all X * Y devices. The pipelined rows (5.2) put the
-stage dim on L, the batch on X and H, N on Y, and, as the paper says,
-do not split the weights over X (d_model stays whole; inside meshtf's
-pipeline loop every tensor takes the layout rules, so the activations'
-d_model is whole too). `--mode=plan` reports a row's memory, flops,
-collectives and step time on the paper's TPU v3 cores without running it.
+tensor is split over all X * Y devices. `--mode=plan` reports a row's
+memory, flops, collectives and step time on the paper's TPU v3 cores
+without running it.
 
-Pick a row (and a variant for the 2-D rows) with the config string:
+Pick a row and a variant with the config string:
   --config=t2t_configs/gspmd_dense.py:table2_64B_16x32            (finalized)
   --config=t2t_configs/gspmd_dense.py:table2_64B_16x32,attempt1
-  --config=t2t_configs/gspmd_dense.py:table4_4x16x4_32x32
   --config=t2t_configs/gspmd_dense.py:tiny                 (8 virtual CPUs)
 
   row                    layers  M      H       N    D   mesh        batch
@@ -62,14 +50,9 @@ Pick a row (and a variant for the 2-D rows) with the config string:
   table3_16B_4x16          64    4096   16384   64  128  (4,16)         48
   table3_16B_8x16 ... table3_16B_32x8: (8,16) 96, (8,32) 192, (16,4) 48,
                                        (16,8) 96, (32,8) 192
-  table4_4x16x4_16x64      64    4096   16384   64  128  (4,16,4)  16 x 64
-  table4_4x16x4_32x32      64    4096   16384   64  128  (4,16,4)  32 x 32
-  table4_8x8x4_16x64, table4_8x16x2_32x32, table4_2x16x8_32x32: the other
-    meshes of Table 4 (8, 8 and 2 stages)
 
-A pipelined row's batch is microbatches x microbatch size. The old row
-names without the table prefix (64B_16x32, 16B_4x16, ...) are the same
-rows. The vocabulary, 32000 = 250 * 128, splits evenly over every Y
+The old row names without the table prefix (64B_16x32, 16B_4x16, ...)
+are the same rows. The vocabulary, 32000 = 250 * 128, splits evenly over every Y
 above. The paper rows are for symbolic use (64 to 2048 devices); "tiny"
 is the 2-D model and sharding scaled down to an x:2;y:4 mesh that trains
 here (float32).
@@ -93,14 +76,6 @@ ROWS = {  # name: (layers, (M, H, N, D), mesh (X, Y), batch)
     "table3_16B_16x8": (64, NARROW, (16, 8), 96),
     "table3_16B_32x8": (64, NARROW, (32, 8), 192),
 }
-# name: (mesh (L, X, Y), microbatches, microbatch size)
-PIPELINE_ROWS = {
-    "table4_4x16x4_16x64": ((4, 16, 4), 16, 64),
-    "table4_4x16x4_32x32": ((4, 16, 4), 32, 32),
-    "table4_8x8x4_16x64": ((8, 8, 4), 16, 64),
-    "table4_8x16x2_32x32": ((8, 16, 2), 32, 32),
-    "table4_2x16x8_32x32": ((2, 16, 8), 32, 32),
-}
 # The names before the rows were named after the paper's tables.
 ALIASES = {name.split("_", 1)[1]: name for name in ROWS}
 TINY = (2, (16, 32, 4, 4), (2, 4), 8)
@@ -110,21 +85,17 @@ VARIANTS = {  # name: (layout, activation_layout)
     "attempt2": (WEIGHTS, "batch:x;d_ff:y;heads:y"),
     "attempt1": (WEIGHTS, ""),
 }
-PIPELINE_LAYOUT = "stage:pipe;batch:x;d_ff:y;heads:y;vocab:y"
 
 
 def get_config(arg="table2_64B_16x32"):
   row, _, variant = (arg or "table2_64B_16x32").partition(",")
   row = ALIASES.get(row, row)
   variant = variant or "finalized"
-  known = row in ROWS or row in PIPELINE_ROWS or row == "tiny"
-  if not known or variant not in VARIANTS or (row in PIPELINE_ROWS and
-                                              variant != "finalized"):
+  if (row not in ROWS and row != "tiny") or variant not in VARIANTS:
     raise ValueError(
-        "gspmd_dense: %r is not ROW[,VARIANT] with ROW in %s, %s or tiny "
-        "(or an old name: %s), and VARIANT in %s (2-D rows only)" % (
-            arg, ", ".join(ROWS), ", ".join(PIPELINE_ROWS),
-            ", ".join(ALIASES), ", ".join(VARIANTS)))
+        "gspmd_dense: %r is not ROW[,VARIANT] with ROW in %s or tiny (or "
+        "an old name: %s), and VARIANT in %s" % (
+            arg, ", ".join(ROWS), ", ".join(ALIASES), ", ".join(VARIANTS)))
   c = config_lib.default_config()
   c.model_type = "lm"
   c.vocab_size = 32000
@@ -145,18 +116,10 @@ def get_config(arg="table2_64B_16x32"):
   c.log_every = 10
   c.target_accuracy = 1.0
   c.stop_at_target = False
-  if row in PIPELINE_ROWS:
-    (stages, x, y), micro, size = PIPELINE_ROWS[row]
-    layers, (m, h, n, d) = 64, NARROW
-    c.mesh_shape = "pipe:%d;x:%d;y:%d" % (stages, x, y)
-    c.layout, c.activation_layout = PIPELINE_LAYOUT, ""
-    c.pipeline_stages, c.num_microbatches = stages, micro
-    c.batch_size = micro * size
-    c.remat = "full"
-  else:
-    layers, (m, h, n, d), (x, y), c.batch_size = ROWS.get(row, TINY)
-    c.mesh_shape = "x:%d;y:%d" % (x, y)
-    c.layout, c.activation_layout = VARIANTS[variant]
+  layers, (m, h, n, d), (x, y), c.batch_size = ROWS.get(row, TINY)
+  c.mesh_shape = "x:%d;y:%d" % (x, y)
+  c.layout, c.activation_layout = VARIANTS[variant]
+  c.variable_layout = c.layout      # GSPMD's weight annotations
   c.d_model, c.d_ff, c.num_heads, c.d_kv, c.num_layers = m, h, n, d, layers
   if row == "tiny":
     c.vocab_size, c.vocab_divisor, c.length = 64, 8, 8

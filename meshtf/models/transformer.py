@@ -35,6 +35,7 @@ import tensorflow as tf
 
 import meshtf as mtf
 from meshtf import graph as graph_lib
+from meshtf.layouts import layout_rules as layout_rules_lib
 from meshtf.models import decoding
 from meshtf.models import dtypes
 from meshtf.models import layers
@@ -232,7 +233,7 @@ class Unitransformer(object):
     self.mesh_shape = mesh_shape
     self.activation_layout = (
         None if not activation_layout
-        else mtf.convert_to_layout_rules(activation_layout))
+        else layout_rules_lib.convert_to_layout_rules(activation_layout))
 
   # -- pieces ------------------------------------------------------------------
   def embedding_weights(self, mesh, variable_dtype, shared_params=None):

@@ -31,6 +31,7 @@ Example:
 """
 import collections
 
+from meshtf.layouts import reasons as reasons_lib
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import bucketing
 from meshtf.lowering import lowering as lowering_lib
@@ -44,7 +45,8 @@ _SUMMING = ("EinsumOperation", "GatherOperation", "ScatterAddOperation",
 
 
 class _Recorder(object):
-  """Collective records, grouped like Lowering.collective_stats()."""
+  """Collective records, grouped like Lowering.collective_stats(), each
+  occurrence with its Reason (layouts/reasons.py)."""
 
   def __init__(self, mesh_layout):
     self._mesh_layout = mesh_layout
@@ -55,12 +57,12 @@ class _Recorder(object):
     self.span = (0, 0)
     self.times = 1
 
-  def _count(self, key):
+  def _count(self, key, reason):
     # An op inside a loop runs its collectives once per iteration.
-    self.counts[key] = self.counts.get(key, 0) + self.times
+    self.counts.setdefault(key, []).extend([reason] * self.times)
     self.events.extend([(key,) + tuple(self.span)] * self.times)
 
-  def add(self, kind, mesh_axes, elements, itemsize):
+  def add(self, kind, mesh_axes, elements, itemsize, reason=None):
     group = 1
     for a in mesh_axes:
       group *= self._mesh_layout.axis_size(a)
@@ -69,21 +71,22 @@ class _Recorder(object):
     key = (kind, tuple(self._mesh_layout.mesh_axis_names(mesh_axes)), group,
            int(elements),
            relayout_lib.collective_bytes(kind, group, elements, itemsize))
-    self._count(key)
+    self._count(key, reason)
 
-  def add_plan(self, plan):
+  def add_plan(self, plan, reason=None):
     for s in plan.steps:
       if s.kind in ("allconcat", "alltoall", "reduce_scatter"):
         key = (s.kind, tuple(self._mesh_layout.mesh_axis_names(
-            [s.mesh_axis])), s.group_size, s.elements_per_device,
+            relayout_lib.step_axes(s))), s.group_size, s.elements_per_device,
                s.bytes_per_device)
         if s.group_size > 1:
-          self._count(key)
+          self._count(key, reason)
 
   def records(self):
     return [dict(kind=k[0], mesh_axes=list(k[1]), group_size=k[2],
-                 elements_per_device=k[3], bytes_per_device=k[4], count=n)
-            for k, n in self.counts.items()]
+                 elements_per_device=k[3], bytes_per_device=k[4],
+                 count=len(why), reasons=why)
+            for k, why in self.counts.items()]
 
   def timeline(self):
     """[record dict with count 1, "ready" and "needed" positions], one
@@ -94,11 +97,15 @@ class _Recorder(object):
             for k, ready, needed in self.events]
 
 
-def _is_linear_reader(op, tensor, pending):
+def _is_linear_reader(op, tensor, pending, layout):
   """Whether op keeps tensor's pending sum pending (see the docstring)."""
   name = type(op).__name__
   if name == "ScalarMultiplyOperation" or _passes_through(op):
     return True
+  if name == "ReshapeOperation":   # a local one (a rename)
+    out = op.outputs[0]
+    return all(s.kind == "reshape" for s in layout.relayout_plan(
+        tensor.shape, out.shape, tensor.dtype.size).steps)
   if name == "UnaryOperation":
     return getattr(op, "_kind", None) in _LINEAR_UNARY
   if name == "BinaryOperation" and getattr(op, "_kind", None) in ("add",
@@ -116,6 +123,27 @@ def _passes_through(op):
   op gives the kept value): it reduces and moves nothing."""
   return (getattr(op, "output_aliases", None) is not None and
           type(op).__name__ != "DependOperation")
+
+
+def _shares_rename_relay(t, new, graph_layout, pending, relaid):
+  """Whether t, a rename's output, is relaid to `new` by relaying the
+  rename's input (Lowering._relay_to: one relayout for both); marks the
+  input relaid. False (nothing marked) for partial sums."""
+  chain = []
+  x = t
+  while x not in pending:
+    x = lowering_lib.renamed_source(x, graph_layout.tensor_mesh_layout)
+    if x is None or x in pending:
+      break
+    chain.append(x)
+    if (x, new) in relaid:
+      relaid.add((t, new))
+      relaid.update((c, new) for c in chain)
+      return True
+  if not chain or t in pending:
+    return False
+  relaid.update((c, new) for c in chain)
+  return False
 
 
 def _sums_pending(op):
@@ -198,7 +226,8 @@ def estimate_collectives(operations, graph_layout, outputs=None,
     elif members:
       rec.add("allreduce_sum", pending[members[0]], sum(
           graph_layout.tensor_mesh_layout(t).slice_size(t.shape)
-          for t in members), members[0].dtype.size)
+          for t in members), members[0].dtype.size,
+              reasons_lib.bucket(graph_layout, members))
       reduced.update(members)
 
   def offer(g, t):
@@ -229,11 +258,12 @@ def estimate_collectives(operations, graph_layout, outputs=None,
       for key in [k for k in buckets if k[0] == g]:
         issue(buckets.pop(key)[0])
 
-  def reduce_now(t):
+  def reduce_now(t, reader=None, where=None):
     if t in pending and t not in reduced:
       layout = graph_layout.tensor_mesh_layout(t)
       rec.add("allreduce_sum", pending[t], layout.slice_size(t.shape),
-              t.dtype.size)
+              t.dtype.size, reasons_lib.reduce(graph_layout, reader, t,
+                                               where=where))
       reduced.add(t)
 
   times = collections.Counter()
@@ -264,13 +294,13 @@ def estimate_collectives(operations, graph_layout, outputs=None,
     outputs = [t for op in operations for t in op.outputs if not readers[t]]
   for t in outputs:
     rec.span = span(t, None)
-    reduce_now(t)
+    reduce_now(t, where="(export)")
   if timeline is not None:
     timeline.extend(rec.timeline())
   return rec.records()
 
 
-def _estimate_shift(op, layout, rec):
+def _estimate_shift(op, layout, rec, reason=None):
   """The collective permutes of a shift along a dim split evenly over one
   mesh axis (ShiftOperation's halo exchange: with stripe s and offset
   q * s + r, r elements from one neighbour and s - r from another); a
@@ -288,10 +318,11 @@ def _estimate_shift(op, layout, rec):
   q, r = offset // stripe, offset % stripe
   per_element = layout.slice_size(x.shape) // stripe
   if r:
-    rec.add("permute", [split.mesh_axis], r * per_element, x.dtype.size)
+    rec.add("permute", [split.mesh_axis], r * per_element, x.dtype.size,
+            reason)
   if q:
     rec.add("permute", [split.mesh_axis], (stripe - r if r else stripe) *
-            per_element, x.dtype.size)
+            per_element, x.dtype.size, reason)
 
 
 def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
@@ -305,7 +336,10 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
     old = own.tensor_layout(t.shape)
     new = layout.tensor_layout(t.shape)
     plan = None
-    if old != new and (t, new) not in relaid:
+    if old != new:
+      if (t, new) in relaid or _shares_rename_relay(t, new, graph_layout,
+                                                    pending, relaid):
+        continue   # relaid (or reduce-scattered) once for every reader
       relaid.add((t, new))
       plan = base.relayout_plan(t.shape, t.shape, t.dtype.size, old, new)
     if t in pending and t not in reduced:
@@ -313,16 +347,17 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
         fused, rest = relayout_lib.fuse_reduce_scatter(
             plan, pending[t], t.dtype.size)
         if len(rest) < len(pending[t]):
-          rec.add_plan(fused)
+          why = reasons_lib.reduce(graph_layout, op, t, scatter=True)
+          rec.add_plan(fused, why)
           rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
-                  t.dtype.size)
+                  t.dtype.size, why)
           continue
-      if readers[t] == 1 and _is_linear_reader(op, t, pending):
+      if readers[t] == 1 and _is_linear_reader(op, t, pending, layout):
         keeps.add(t)
         continue
-      reduce_now(t)
+      reduce_now(t, op)
     if plan is not None:
-      rec.add_plan(plan)
+      rec.add_plan(plan, reasons_lib.relayout(graph_layout, op, t))
   if op.inner_operations:
     return   # a loop: its body's ops are estimated one by one
   if _passes_through(op):
@@ -332,12 +367,13 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
         pending[op.outputs[k]] = pending[source]
     return
   if type(op).__name__ == "ShiftOperation":
-    _estimate_shift(op, layout, rec)
+    _estimate_shift(op, layout, rec, reasons_lib.computes(graph_layout, op))
     return
-  if type(op).__name__ == "ReshapeOperation":
+  if type(op).__name__ == "ReshapeOperation" and not keeps:
     x, out = op.inputs[0], op.outputs[0]
     rec.span = span(x, op)
-    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size))
+    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size),
+                 reasons_lib.computes(graph_layout, op, "reshape"))
     return
   if keeps:
     for out in op.outputs:
@@ -363,4 +399,5 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
     here = span(op.inputs[0], op)[1]
     rec.span = (here, here + 1)
     for out in op.outputs:
-      rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size)
+      rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size,
+              reasons_lib.computes(graph_layout, op))

@@ -108,8 +108,8 @@ def op_seconds(operations, graph_layout, hw, costs=None):
   already counted."""
   ops = list(lowering_lib.all_operations(list(operations)))
   if costs is None:
-    costs = {op: accounting.op_cost(op, graph_layout.op_layout(op))
-             for op in ops}
+    costs = {op: accounting.op_cost(op, graph_layout.op_layout(op),
+                                    graph_layout) for op in ops}
   if hw.compiler != "xla":
     return {op: _roofline(c.flops, c.bytes, hw) + (
         hw.kernel_overhead if _kind(op) != "free" else 0.0)

@@ -18,6 +18,7 @@ Example:
 """
 import json
 
+from meshtf.layouts import reasons as reasons_lib
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import simd
 from meshtf.plan import accounting
@@ -199,7 +200,11 @@ class PlanReport(object):
         "flops_per_device": flops,
         "flops_by_family": dict(acc.flops_by_family),
         "arithmetic_intensity": flops / touched if touched else 0.0,
-        "collectives": [dict(r) for r in self.collectives],
+        # Every collective with its count; the reasons of the ones that
+        # send the most in "top_collectives" (all of them: explain()).
+        "collectives": [{k: v for k, v in r.items() if k != "reasons"}
+                        for r in self.collectives],
+        "top_collectives": self.top_collectives(),
         "collective_bytes_per_device": sum(
             r["count"] * r["bytes_per_device"] for r in self.collectives),
         "collectives_by_kind": by_kind,
@@ -213,6 +218,36 @@ class PlanReport(object):
             self.hardware.shared_compute else None),
         "assumptions": self.hardware.describe() + [self._step_rule()],
     }
+
+  def top_collectives(self, top=5):
+    """The `top` groups of collectives that send the most bytes (a
+    collective repeated per layer is one group), each with its count,
+    bytes and one reason: the operation that emitted it and the layouts
+    that met, with their origins (layouts/reasons.py)."""
+    groups = {}
+    for r in self.collectives:
+      for reason in r.get("reasons") or [None] * r["count"]:
+        key = (r["kind"], tuple(r["mesh_axes"]), r["bytes_per_device"],
+               reason.pattern if reason else None)
+        entry = groups.setdefault(key, {
+            "kind": r["kind"], "mesh_axes": list(r["mesh_axes"]),
+            "bytes_per_device": r["bytes_per_device"], "count": 0,
+            "reason": reason._asdict() if reason else None})
+        entry["count"] += 1
+    ranked = sorted(groups.values(),
+                    key=lambda e: -e["bytes_per_device"] * e["count"])
+    return ranked[:top]
+
+  def explain(self, top=10):
+    """The collectives that send the most bytes per device, grouped where
+    they repeat, each with why it exists: the operation that emitted it,
+    the tensor, the layout it was held in and the one wanted, each dim
+    with the annotation, variable layout or rule behind it.
+
+    Example:
+      >>> print(mtf.plan.plan(graph, layout, trace=False).explain(5))
+    """
+    return reasons_lib.explain(self.collectives, top)
 
   def _step_rule(self):
     hw = self.hardware

@@ -26,10 +26,12 @@ Without --config, a model_dir that has been trained in supplies its
 config.json (so eval, decode and export need only --model_dir); a --config
 whose model differs from it is refused, naming the fields.
 
-Bad input (flags, config, mesh shape, layout, device count, data and prompt
-files, model_dir, checkpoints) is reported as one line on stderr before
-anything is written, with exit code 2; a diverged training run stops with
-one line and exit code 1 (meshtf/train/errors.py). TensorFlow's C++
+Bad input (flags, config and its ranges, mesh shape, layout, device count,
+memory, data and prompt files, model_dir, checkpoints) is reported as one
+line on stderr before anything is written, with exit code 2
+(meshtf/train/preflight.py); a diverged training run stops with one line
+and exit code 1 (meshtf/train/errors.py); SIGINT / SIGTERM save where
+training stopped and exit 130 / 143 (meshtf/train/stopping.py). TensorFlow's C++
 start-up lines are not shown (meshtf/train/startup.py; --verbosity=0 shows
 them).
 

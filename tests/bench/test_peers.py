@@ -54,7 +54,7 @@ def test_peers_prints_runs_and_ratios_with_equal_first_losses():
 def test_peers_refuses_bad_flags_in_one_line():
   proc = subprocess.run(
       [sys.executable, "bench/peers.py", "--devices=1,16"], cwd=ROOT,
-      capture_output=True, text=True, timeout=120)
+      capture_output=True, text=True, timeout=300)
   assert proc.returncode == 1
   assert proc.stderr.strip() == (
       "--devices=1,16: each count must be 1..8 (8 virtual CPU devices)")

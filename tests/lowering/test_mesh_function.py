@@ -47,9 +47,11 @@ def test_traced_once_and_eager_mode_agrees(backend):
                                                           "batch:all"))
   x = harness.random_array([8, 8], 0)
   losses = [float(fn(x)["loss"])]
-  first = len(traces)  # tf.function may trace twice when variables appear
+  # Once, although the first call makes the variables: they are not the
+  # tf.function's (mesh_impl.NOT_LIFTED), so it does not trace again.
+  assert len(traces) == 1
   losses += [float(fn(x)["loss"]) for _ in range(2)]
-  assert len(traces) == first <= 2
+  assert len(traces) == 1
   eager, _ = run("all:8", "batch:all", 3, use_tf_function=False,
                  backend=backend)
   np.testing.assert_allclose(losses, eager, rtol=1e-6)

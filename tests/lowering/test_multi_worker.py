@@ -23,7 +23,7 @@ def test_two_workers_form_one_mesh():
   results = {}
   try:
     for t, p in enumerate(procs):
-      out, err = p.communicate(timeout=240)
+      out, err = p.communicate(timeout=480)
       assert p.returncode == 0, err[-3000:]
       line = [l for l in out.splitlines() if l.startswith("RESULT ")][0]
       results[t] = json.loads(line[len("RESULT "):])

@@ -78,8 +78,10 @@ def test_reductions_end_a_kernel_and_einsums_stand_alone():
 def test_a_relayout_between_two_ops_cuts_the_kernel():
   def build(mesh):
     x = mtf.random_normal(mesh, "b:64;d:128")
+    # Two annotations in a row: the second is a relayout (the sharding
+    # completion lays out exp like the first, negative like the second).
     y = mtf.shard(mtf.exp(x), "d:all")
-    return mtf.negative(y)
+    return mtf.negative(mtf.shard(y, "b:all"))
   graph, gl, _ = _graph(build, "all:4", "b:all")
   groups = _names(fusion.fusions(graph.operations, gl))
   assert not any(any("negative" in n for n in g) and

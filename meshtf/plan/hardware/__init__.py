@@ -8,8 +8,8 @@ collective_stats() record (its kind, mesh axes and the slice each device
 puts in) on hw's interconnect and prices its algorithm there.
 
 Example:
-  >>> HARDWARE["h100_8x_node"].describe()[0]
-  'h100_8x_node: 8x NVIDIA H100 SXM per node, NVLink within, InfiniBand across (compiler tf, collectives overlap compute)'
+  >>> HARDWARE["h100_8x_node"].describe()[1]
+  '  peak per GPU = 989 TFLOP/s bf16 dense  [NVIDIA H100 SXM datasheet]'
 """
 from meshtf.plan.hardware import interconnect
 from meshtf.plan.hardware.catalogue import HARDWARE

@@ -19,8 +19,18 @@ processors' device numbers span. Three machines:
                bandwidth, not 2(n-1) steps of one ring over 2,048.
                alltoall: bounded by the busiest link: along a dimension of
                m chips a member's slice S crosses its middle links m*S/4
-               (a line; dimension-order routing), times the cores sharing
-               the chip and the interleaved groups sharing the links.
+               (dimension-order routing along a line), times the cores
+               sharing the chip and the interleaved groups sharing the
+               links; plus one transfer latency per hop of the longest
+               route. On TPU v2/v3 the pieces route along lines even where
+               the dimension is a ring (alltoall_rings=False): a choice,
+               made to agree with what GShard measured on TPU v3 --
+               Figure 9's alltoall grows ~9x from 16 to 2,048 partitions
+               (lines: 8.1x; rings, half the load on a pod's dimensions:
+               4.1x) and Figure 8's dispatch and combine 3.75x from 128 to
+               2,048 experts (lines 4x, rings 2x). Measured against it,
+               not fitted: GSPMD Table 6's alltoall times, where lines
+               predict about twice the paper's share (bench/papers.py).
   NodeNetwork  GPU nodes: NVLink (through NVSwitch) within a node, one NIC
                per GPU across nodes; hierarchical rings (within the node,
                then across nodes on 1/l of the data, l GPUs of the group
@@ -36,9 +46,9 @@ whole input) and returns seconds; group comes from place(mesh_shape,
 mesh_axes).
 
 Example:
-  >>> torus = Torus("tpuv3", ...)
+  >>> torus = hardware.get("tpuv3").interconnect
   >>> g = torus.place(mtf.convert_to_shape("x:32;y:64"), [1])
-  >>> torus.collective_seconds("allreduce_sum", g, 8 << 20)
+  >>> torus.collective_seconds("allreduce_sum", g, 8 << 20)   # ~0.2 ms
 """
 import collections
 import itertools
