@@ -13,9 +13,12 @@ costs, and leaves out the small rest:
     mesh axes: einsums, sum reductions and gathers leave the sum pending,
     other reductions (max, min, ...) allreduce at once;
   a pending sum is reduced where it is read: linear readers (negation,
-    scalar multiples, sums of sums over the same axes) keep it pending when
-    they are its only reader; a reader that splits a summed axis
-    reduce-scatters; any other reader allreduces it (once);
+    scalar multiples, the bfloat16 -> float32 casts of gradients a loop
+    sums over its iterations, sums of sums over the same axes) keep it
+    pending when they are its only reader; a loop's sums over its
+    iterations stay pending past the loop (reduced once); a reader that
+    splits a summed axis reduce-scatters; any other reader allreduces it
+    (once);
   a pending sum nothing reads is reduced as its export would be;
   the pending members of a reduce group (mtf.gradients' results) are
     reduced in fused buckets as the lowering's Bucketer forms them
@@ -23,7 +26,9 @@ costs, and leaves out the small rest:
 
 Left out: top_k/sort gathers, conv halos and shifts along a dim split
 unevenly or over several axes (permutes), and the gather of ids split
-like the table (these are small or rare in the models here); tests/plan/test_estimate.py measures the gap against traced plans.
+like the table (these are small or rare in the models here);
+tests/plan/test_estimate.py measures the gap against traced plans. An op
+inside a loop counts its collectives once per iteration.
 
 Example:
   >>> records = estimate_collectives(graph.operations, graph_layout)
@@ -102,6 +107,8 @@ def _is_linear_reader(op, tensor, pending, layout):
   name = type(op).__name__
   if name == "ScalarMultiplyOperation" or _passes_through(op):
     return True
+  if name == "CastOperation":   # one a loop's gradient sums (loops.py)
+    return op.sums_later and op.widens
   if name == "ReshapeOperation":   # a local one (a rename)
     out = op.outputs[0]
     return all(s.kind == "reshape" for s in layout.relayout_plan(
@@ -193,7 +200,9 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   operations = list(operations)
   base = graph_layout.base
   rec = _Recorder(base)
-  readers = collections.Counter(t for op in operations for t in op.inputs)
+  # (Inside loops too: a linear reader in a loop body keeps a sum pending.)
+  readers = collections.Counter(
+      t for op in lowering_lib.all_operations(operations) for t in op.inputs)
   pending = {}   # tensor -> sorted mesh axes its partial sums still need
   reduced = set()
   relaid = set()   # (tensor, layout): the lowering relays once per layout
@@ -360,6 +369,8 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
       rec.add_plan(plan, reasons_lib.relayout(graph_layout, op, t))
   if op.inner_operations:
     return   # a loop: its body's ops are estimated one by one
+  if type(op).__name__ == "DependOperation":
+    return   # its inputs read (pending sums reduced); it computes nothing
   if _passes_through(op):
     for k, i in op.output_aliases.items():
       source = op.inputs[i]

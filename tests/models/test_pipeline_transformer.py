@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import harness
 import meshtf as mtf
+from meshtf.models import dtypes
 from meshtf.models import transformer
 
 B, L, V = 8, 8, 16
@@ -155,7 +156,7 @@ def test_bad_pipeline_sizes_raise_one_clear_line():
 
 
 # --- the loop -----------------------------------------------------------------
-def _pipelined_graph(micro, batch, remat="none", width=1):
+def _pipelined_graph(micro, batch, remat="none", width=1, dtype=None):
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "m")
   lm = transformer.make_unitransformer(
@@ -164,8 +165,10 @@ def _pipelined_graph(micro, batch, remat="none", width=1):
       pipeline_stages=2, num_microbatches=micro, remat=remat)
   targets = mtf.import_tf_tensor(mesh, tf.zeros([batch, L], tf.int32),
                                  "batch:%d;length:%d" % (batch, L))
-  _, loss, _ = transformer.compute_logits_loss_metrics(lm, {"targets":
-                                                            targets})
+  variable_dtype = (None if dtype is None else
+                    dtypes.VariableDType(tf.float32, activation_dtype=dtype))
+  _, loss, _ = transformer.compute_logits_loss_metrics(
+      lm, {"targets": targets}, variable_dtype=variable_dtype)
   mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
   return graph
 
@@ -255,3 +258,25 @@ def test_remat_inside_the_pipeline_stages_keeps_less_per_iteration():
                        if isinstance(k, accounting.LoopHistory))}
   assert out["full"]["history"] == out["none"]["history"]
   assert out["full"]["iteration"] < out["none"]["iteration"], out
+
+
+def test_weight_gradients_are_reduced_once_per_step():
+  """bfloat16 activations, float32 weights, data parallelism: each
+  iteration's weight gradient (a bfloat16 partial sum over the batch's
+  axis) is cast to float32 and summed over the iterations still pending,
+  so the allreduces over `data` are the same for M = 4 and M = 32 (once
+  per step), traced as estimated; and the plan's compute on XLA hardware
+  counts the loop body once per iteration (at least the flops at peak)."""
+  layout = mtf.MeshLayout("pipe:2;data:2", "stage:pipe;batch:data")
+  over_data = []
+  for micro in (4, 32):
+    graph = _pipelined_graph(micro, batch=2 * micro, dtype=tf.bfloat16)
+    traced = mtf.plan.plan(graph, layout, "cpu")
+    assert _collectives(traced) == _collectives(
+        mtf.plan.plan(graph, layout, "cpu", trace=False))
+    over_data.append(sum(r["count"] for r in traced.collectives
+                         if r["mesh_axes"] == ["data"]))
+    tpu = mtf.plan.plan(graph, layout, "tpuv3", trace=False)
+    assert tpu.compute_seconds() >= (tpu.accounting.flops /
+                                     tpu.hardware.peak_flops)
+  assert over_data[0] == over_data[1], over_data

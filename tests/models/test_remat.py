@@ -164,3 +164,30 @@ def test_config_field_and_bad_policies():
   with pytest.raises(ValueError, match="remat='some' is not one of"):
     transformer.make_layer_stack(2, remat="some")
   assert transformer.make_layer_stack(2, remat=True).remat == "full"
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_the_plan_estimates_the_traced_collectives(kind):
+  """The recomputation's collectives as the traced program has them: the
+  copies' relayouts and reductions (MoE: its alltoalls again), none for
+  the gates that make the copies wait for the output gradients."""
+  import collections
+  _, layout = CASES[kind + "_full"][2:]
+  mesh_layout = mtf.MeshLayout(CASES[kind + "_full"][2], layout)
+  for policy in ("full", "einsum_outputs"):
+    graph = mtf.Graph()
+    mesh = mtf.Mesh(graph, "m")
+    targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS),
+                                   "batch:%d;length:%d" % (B, L))
+    _, loss, _ = transformer.compute_logits_loss_metrics(
+        _lm(policy, kind, dropout=0.0), {"targets": targets})
+    mtf.gradients([loss], [v.outputs[0] for v in graph.trainable_variables])
+    counts = []
+    for trace in (True, False):
+      c = collections.Counter()
+      for r in mtf.plan.plan(graph, mesh_layout, "cpu",
+                             trace=trace).collectives:
+        c[(r["kind"], tuple(r["mesh_axes"]), r["elements_per_device"])] += (
+            r["count"])
+      counts.append(c)
+    assert counts[0] == counts[1], (policy, counts)
