@@ -40,9 +40,14 @@ peak and peak_ratio.
 A last object per config gives the Spearman rank correlation of predicted
 vs measured step times and the range of the memory ratios.
 
+--remat=none,full runs every layout with each rematerialization policy
+(meshtf/models/remat.py; config.remat) and adds, per layout, how the
+measured peak and the plan's changed from the first policy to each other
+one ("remat_peak_change": measured and predicted).
+
 Usage: python bench/plan_validation.py [--steps=5] [--memory_steps=5]
     [--configs=lm_tiny,moe_tiny] [--layouts=0,3] [--attribute]
-    [--one_op_at_a_time]
+    [--one_op_at_a_time] [--remat=none,full]
 """
 import argparse
 import collections
@@ -100,10 +105,11 @@ LAYOUTS = {  # config: [(mesh_shape, layout, variable_layout)]
 }
 
 
-def load_config(name, mesh_shape, layout, variable_layout):
+def load_config(name, mesh_shape, layout, variable_layout, remat="none"):
   c = config_lib.load_file(os.path.join(CONFIGS, name + ".py"))
   c.mesh_shape, c.layout, c.variable_layout = mesh_shape, layout, \
       variable_layout
+  c.remat = remat
   c.dropout_rate = 0.0
   for key, value in WIDE.items():
     c[key] = value
@@ -194,12 +200,12 @@ def attribute(step_fn, batch, top=10):
 
 
 def measure(name, mesh_shape, layout, variable_layout, devices, steps,
-            memory_steps=5, threads=None, profile=False):
+            memory_steps=5, threads=None, profile=False, remat="none"):
   # What earlier runs left in the allocator (their variables live until
   # the collector frees them) is not this run's: measured from here.
   gc.collect()
   baseline = tf.config.experimental.get_memory_info("CPU:0")["current"]
-  c = load_config(name, mesh_shape, layout, variable_layout)
+  c = load_config(name, mesh_shape, layout, variable_layout, remat)
   mesh_layout = config_lib.mesh_layout(c)
   n = mesh_layout.size
   graph, _ = experiment.build_training_graph(c, mesh_layout)
@@ -231,6 +237,7 @@ def measure(name, mesh_shape, layout, variable_layout, devices, steps,
   memory = predicted["memory_bytes_per_device"]
   row = {"bench": "plan_validation", "config": name, "mesh": mesh_shape,
          "layout": layout, "variable_layout": variable_layout,
+         "remat": remat,
          "predicted_step_s": round(predicted["step_seconds"], 5),
          "measured_step_s": round(float(np.median(times)), 5),
          "measured_step_spread_s": round(float(np.ptp(times)), 5),
@@ -297,6 +304,10 @@ def main():
                       help="profile a step: the measured live bytes at the "
                       "peak by meshtf op, beside the plan's")
   parser.add_argument(
+      "--remat", default="none",
+      help="comma-separated rematerialization policies to run each layout "
+      "with (none, full, einsum_outputs)")
+  parser.add_argument(
       "--one_op_at_a_time", action="store_true",
       help="memory only: each config on a 1-device mesh with one inter-op "
       "thread, so TensorFlow runs one op at a time (collectives on 8 "
@@ -304,14 +315,16 @@ def main():
   args = parser.parse_args()
   configs = [c for c in args.configs.split(",") if c]
   chosen = {int(i) for i in args.layouts.split(",") if i}
+  policies = [p for p in args.remat.split(",") if p]
   if args.one_op_at_a_time:
     devices = mtf.virtual_cpu_devices(1, inter_op_threads=1)
     tf.zeros([1])
     for name in configs:
-      row = measure(name, "all:1", "", "", devices, 1, args.memory_steps,
-                    threads=1, profile=args.attribute)
-      row["schedule"] = "one op at a time"
-      print(json.dumps(row), flush=True)
+      for policy in policies:
+        row = measure(name, "all:1", "", "", devices, 1, args.memory_steps,
+                      threads=1, profile=args.attribute, remat=policy)
+        row["schedule"] = "one op at a time"
+        print(json.dumps(row), flush=True)
     return
   devices = mtf.virtual_cpu_devices(8)
   tf.zeros([1])   # see bench/memory.py: allocator statistics on CPU
@@ -321,10 +334,24 @@ def main():
         LAYOUTS[name]):
       if chosen and i not in chosen:
         continue
-      row = measure(name, mesh_shape, layout, variable_layout, devices,
-                    args.steps, args.memory_steps, profile=args.attribute)
-      rows.append(row)
-      print(json.dumps(row), flush=True)
+      first = None
+      for policy in policies:
+        row = measure(name, mesh_shape, layout, variable_layout, devices,
+                      args.steps, args.memory_steps, profile=args.attribute,
+                      remat=policy)
+        if first is None:
+          first = row
+        else:
+          # How the peak moved from the first policy: measured vs planned.
+          row["remat_peak_change"] = {
+              "from": first["remat"],
+              "measured": round(row["measured_peak_bytes_per_device"] /
+                                first["measured_peak_bytes_per_device"], 3),
+              "predicted": round(row["predicted_peak_bytes_per_device"] /
+                                 first["predicted_peak_bytes_per_device"],
+                                 3)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     print(json.dumps({
         "bench": "plan_validation", "config": name, "layouts": len(rows),
         "spearman_step_time": round(spearman(

@@ -37,10 +37,12 @@ def gradients(ys, xs, grad_ys=None, operations=None):
   operations = list(operations if operations is not None else graph.operations)
   if grad_ys is None:
     grad_ys = [io.ones_like(y) for y in ys]
-  # Forward reachability from xs, so we build backward ops only where needed.
+  # Forward reachability from xs, so we build backward ops only where needed:
+  # through ops that have a gradient (the one-hot of an argmax, say, ends
+  # the path; a gradient built up to it would be computed and dropped).
   downstream = set(xs)
   for op in operations:
-    if any(t in downstream for t in op.inputs):
+    if op.has_gradient and any(t in downstream for t in op.inputs):
       downstream.update(op.outputs)
   first_backward = len(graph.operations)
   pending = {}

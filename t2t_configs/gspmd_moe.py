@@ -28,6 +28,20 @@ paper: 58.2%). Top-2 gating with capacity 2S/E per group of S = 1024
 tokens (GShard's; capacity 1 at 2,048 experts), 16-bit activations and
 Adafactor, as GSPMD's dense models.
 
+The paper states no rematerialization for these rows, and its FLOPS
+utilization implies the model's flops without recomputed einsums (within
+3% at 32 experts, tests/plan/test_papers.py). Planned without any
+(remat "none") they do not fit 16 GB: 18.3 GB per core at 32 experts,
+20.1 GB at 2,048 -- each layer's attention probabilities (3.2 GB), the
+MoE layers' float32 dispatch and combine tensors and expert activations,
+the bfloat16 copies of the weights the backward pass reads. As XLA's
+rematerialization would, these rows recompute the cheap parts: each
+layer keeps its einsums' outputs and recomputes the elementwise ops,
+norms and softmaxes (remat "einsum_outputs", +1.5% flops): 13.8 GB
+(14.6 GB at 2,048 experts). Recomputing each layer from its input
+(remat "full", as GShard does for its 36- and 60-layer models) would
+plan 8.1 GB (8.5 GB) for 28% more flops.
+
 Symbolic use only (32 to 2,048 devices): --mode=plan.
 """
 from meshtf.train import config as config_lib
@@ -61,6 +75,7 @@ def get_config(row="577B_2048E"):
   c.batch_size = 4 * experts
   c.dropout_rate = 0.0
   c.activation_dtype = "bfloat16"
+  c.remat = "einsum_outputs"        # see the docstring
   c.moe.num_experts = experts
   c.moe.layers = "odd"
   c.moe.hidden_size = 6144

@@ -25,9 +25,21 @@ weights per device of (8,8,4)):
   8x16x2_32x32    (8,16,2)      8       32 x 32  23.4 s   15.0 GB
   2x16x8_16x64    (2,16,8)      2       16 x 64  24.0 s   14.9 GB
 
-The paper recomputes the forward pass in the backward (GPipe) and keeps
-16-bit activations; this config keeps the model's defaults for both
-(the plan prices what the graph does). Symbolic use only (256 devices).
+As the paper trained them: float32 weights, 16-bit (bfloat16)
+activations, Adafactor; GSPMD annotates the weights (variable_layout, as
+t2t_configs/gspmd_dense.py) and the activations (activation_layout). The
+paper recomputes the forward pass in the backward pass (5.2, GPipe's
+rematerialization): meshtf's pipeline is one loop whose gradient re-runs
+each iteration's forward ops from the buffers it recorded. Inside the
+re-run stage each layer is recomputed from its input as well (remat
+"full"), which the paper does not state: planned on these rows, without
+it (remat "none") the backward iteration holds the 16 layers'
+intermediates of its microbatch and a bfloat16 copy of the stage's
+weights (7.2 GB at 16 x 64; peak 18.6 GB, 15.9 GB at 32 x 32), with it
+12.1 GB and 11.8 GB (bench/paper_memory.py), for 16% more planned flops
+(834 against 721 TFLOP per core at 16 x 64): more recomputation than the
+paper's "Recompute" column (20.6-22.3% of the step) suggests.
+Symbolic use only (256 devices).
 """
 from meshtf.train import config as config_lib
 
@@ -66,6 +78,9 @@ def get_config(row="4x16x4_32x32"):
   c.mesh_shape = "l:%d;x:%d;y:%d" % (l, x, y)
   c.layout = "stage:l;batch:x;d_ff:y;heads:y;vocab:y"
   c.activation_layout = "stage:l;batch:x;d_model:y;d_ff:y;heads:y"
+  c.variable_layout = c.layout      # GSPMD's weight annotations
+  c.activation_dtype = "bfloat16"   # "16-bit floating-point activations"
+  c.remat = "full"                  # see the docstring
   c.optimizer = "adafactor"
   c.plan_hardware = "tpuv3"
   c.learning_rate = 0.01

@@ -44,6 +44,7 @@ import tensorflow as tf
 import meshtf as mtf
 from meshtf.models import dtypes
 from meshtf.models import layers
+from meshtf.models import remat as remat_lib
 from meshtf.models import transformer_layers as tl
 
 GATINGS = ("top_2", "switch")
@@ -587,17 +588,21 @@ class MoeFeedForward(tl.TransformerLayer):
 
   mesh_layout: the MeshLayout the model will run under (sets the automatic
   group count, see moe_layer); mesh_shape and layout are Mesh TensorFlow's
-  form of it.
+  form of it. remat: this layer's rematerialization policy
+  (meshtf/models/remat.py), or None for its LayerStack's.
 
   Example:
     >>> layer = MoeFeedForward(moe.MoeParams(moe_num_experts=8), sink,
-    ...                        mesh_layout=mtf.MeshLayout("x:8", "group:x"))
+    ...                        mesh_layout=mtf.MeshLayout("x:8", "group:x"),
+    ...                        remat="full")
   """
 
   def __init__(self, hparams, sink=None, mesh_shape=None, layout=None,
-               mesh_layout=None):
+               mesh_layout=None, remat=None):
     self.hparams = hparams
     self.sink = sink
+    self.remat = (None if remat is None else
+                  remat_lib.check_policy(remat, "MoeFeedForward: remat"))
     self.mesh_shape = None if mesh_layout is not None else mesh_shape
     self.layout = mesh_layout if mesh_layout is not None else layout
 

@@ -96,10 +96,12 @@ def softmax(x, dim, bias=None, dtype=None):
   explicit = [x] + ([bias] if bias is not None else [])
 
   def forward(logits, *maybe_bias):
-    z = float32(logits)
     if maybe_bias:
-      z = mtf.add(z, _as(maybe_bias[0], z.dtype), output_shape=z.shape)
-    return _as(mtf.softmax(z, dim), out_dtype)
+      # In the logits' dtype: a mask's 0 leaves a logit exact and -1e9
+      # stays far below every other, and no float32 copy of the mask.
+      logits = mtf.add(logits, _as(maybe_bias[0], logits.dtype),
+                       output_shape=logits.shape)
+    return _as(mtf.softmax(float32(logits), dim), out_dtype)
 
   def grad_fn(explicit_inputs, all_inputs, forward_operations, outputs,
               output_grads):

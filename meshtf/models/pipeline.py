@@ -52,12 +52,14 @@ import tensorflow as tf
 import meshtf as mtf
 from meshtf import shapes
 from meshtf.lowering import rng
+from meshtf.ops import control
 from meshtf.ops import initializers
 from meshtf.ops import variables
 
 STAGE_DIM_NAME = "stage"
 REPEAT_DIM_NAME = "stage_repeat"    # chunks one stage holds (circular)
 MICROBATCH_DIM_NAME = "microbatches"
+ITERATION = "pipeline_iteration"  # carried[ITERATION]: the loop's iteration
 
 
 # --- the schedule (pure Python) -----------------------------------------------
@@ -276,15 +278,32 @@ def check_batch(batch_dim, num_microbatches, what="pipeline"):
 
 
 def _microbatches(x, batch_dim, num_microbatches):
-  """x [batch, rest...] -> M tensors [batch/M, rest...]; microbatch m holds
-  rows m, M + m, ... (strided: a split batch stays on its processors)."""
+  """x [batch, rest...] -> [batch/M, microbatches, rest...]; microbatch m
+  holds rows m, M + m, ... (strided: a split batch stays on its
+  processors)."""
   small = mtf.Dimension(batch_dim.name, batch_dim.size // num_microbatches)
   micro = mtf.Dimension(MICROBATCH_DIM_NAME, num_microbatches)
   rest = [d for d in x.shape.dims if d.name != batch_dim.name]
   if x.shape.dims[0].name != batch_dim.name:
     x = mtf.transpose(x, [batch_dim] + rest)
-  x = mtf.reshape(x, [small, micro] + rest)
-  return mtf.unstack(x, micro)
+  return mtf.reshape(x, [small, micro] + rest)
+
+
+def _slot(t, stage, schedule):
+  """(microbatch, repeat, busy) that `stage` (an int Tensor) works on at
+  iteration t (an int scalar Tensor), as Schedule.slot computes it, in
+  meshtf ops; repeat is 0 and busy false in the bubble."""
+  s, r, m = (schedule.stages, schedule.circular_repeats,
+             schedule.num_microbatches)
+  k = t - stage
+  started = mtf.greater_equal(k, 0)
+  k = mtf.maximum(k, 0)
+  j, k = mtf.mod(k, s), mtf.floordiv(k, s)
+  repeat, block = mtf.mod(k, r), mtf.floordiv(k, r)
+  microbatch = block * s + j
+  busy = mtf.logical_and(started, mtf.less(microbatch, m))
+  repeat = mtf.where(busy, repeat, 0)
+  return mtf.where(busy, microbatch, 0), repeat, busy
 
 
 def pipeline(stage_fn, x, stages, num_microbatches, circular_repeats=1,
@@ -293,11 +312,23 @@ def pipeline(stage_fn, x, stages, num_microbatches, circular_repeats=1,
   microbatches of x (GSPMD's vectorised pipelining; see the module
   docstring). Returns what applying all S*R chunks in order to x gives.
 
+  The iterations are one mtf.while_loop (the program does not grow with
+  M): each shifts the buffers one stage, feeds stage 0 its microbatch
+  (a gather by the iteration number), runs stage_fn, and adds the last
+  stage's finished microbatch to the output (a loop accumulator). Its
+  gradient is a backward loop over the iterations that re-runs each
+  iteration's stage_fn from the buffers recorded for it (GPipe's
+  rematerialization: the buffers are what the pipeline keeps per
+  iteration) and sums the stacked weights' gradients over the
+  iterations, reduced once after the loop.
+
   Args:
     stage_fn: fn(h, carried) -> h' with h: [stage, batch/M, rest...] and
       carried: {name: [stage, batch/M, ...]} (per-example side inputs that
-      travel with their microbatch, e.g. sequence ids). Variables it makes
-      with get_variable are stacked along stage (and stage_repeat).
+      travel with their microbatch, e.g. sequence ids) plus
+      carried[ITERATION] the iteration number (int32 scalar: e.g. to draw
+      dropout per microbatch). Variables it makes with get_variable are
+      stacked along stage (and stage_repeat).
     x: [batch, rest...] (batch_dim, default x's first dim).
     stages, num_microbatches, circular_repeats: S, M, R.
     carried: {name: Tensor with batch_dim} or None.
@@ -323,58 +354,71 @@ def pipeline(stage_fn, x, stages, num_microbatches, circular_repeats=1,
   batch_dim = found[0]
   check_batch(batch_dim, num_microbatches)
   carried = dict(carried or {})
+  if ITERATION in carried:
+    raise ValueError("pipeline: carried may not use the name %r (the "
+                     "iteration number's)" % ITERATION)
   mesh = x.mesh
-  s_count, m_count, r_count = stages, num_microbatches, circular_repeats
+  s_count, r_count = stages, circular_repeats
   stage_dim = mtf.Dimension(STAGE_DIM_NAME, s_count)
   repeat_dim = (mtf.Dimension(REPEAT_DIM_NAME, r_count) if r_count > 1
                 else None)
-  inputs = {"": _microbatches(x, batch_dim, m_count)}
-  for name, t in sorted(carried.items()):
-    inputs[name] = _microbatches(t, batch_dim, m_count)
-  stage_ids = mtf.range(mesh, stage_dim, tf.int32)
-  is_first = mtf.equal(stage_ids, 0)
-  is_last = mtf.equal(stage_ids, s_count - 1)
-  buffers = {name: mtf.zeros(mesh, mtf.Shape([stage_dim] + mbs[0].shape.dims),
-                             dtype=mbs[0].dtype)
-             for name, mbs in inputs.items()}
+  micro_dim = mtf.Dimension(MICROBATCH_DIM_NAME, num_microbatches)
+  names = [""] + sorted(carried)
+  stacks = [_microbatches(t, batch_dim, num_microbatches)
+            for t in [x] + [carried[n] for n in names[1:]]]
+  buffers = [mtf.zeros(mesh, mtf.Shape(
+      [stage_dim] + [d for d in t.shape.dims if d != micro_dim]),
+                       dtype=t.dtype) for t in stacks]
   original_name = original_name or _default_original_name
-  outputs = [None] * m_count
-  for t in range(schedule.num_iterations):
-    incoming = schedule.slot(t, 0)
-    fresh = incoming[0] if incoming and incoming[1] == 0 else None
-    for name, buf in buffers.items():
-      if t > 0:   # the buffer starts as zeros: nothing to shift in
-        buf = mtf.shift(buf, 1, stage_dim, wrap=r_count > 1)
-      if fresh is not None:
-        buf = mtf.where(is_first, inputs[name][fresh], buf,
-                        output_shape=buf.shape)
-      buffers[name] = buf
+  iterations = schedule.num_iterations
+
+  def cond(t, *unused):
+    del unused
+    return mtf.less(t, iterations)
+
+  def body(t, *bufs):
+    stage_ids = mtf.range(mesh, stage_dim, tf.int32)
+    fresh, first_repeat, busy = _slot(t, 0, schedule)
+    take = mtf.logical_and(mtf.logical_and(mtf.equal(stage_ids, 0), busy),
+                           mtf.equal(first_repeat, 0))
+    bufs = [mtf.where(take, mtf.gather(stack, fresh, micro_dim),
+                      mtf.shift(buf, 1, stage_dim, wrap=r_count > 1),
+                      output_shape=buf.shape)
+            for stack, buf in zip(stacks, bufs)]
     selection = None
     if repeat_dim is not None:
-      onehot = np.zeros([s_count, r_count], np.float32)
-      for st in range(s_count):
-        slot = schedule.slot(t, st)
-        onehot[st, slot[1] if slot else 0] = 1.0
-      selection = mtf.constant(mesh, onehot, mtf.Shape([stage_dim,
-                                                        repeat_dim]))
+      _, repeat, _ = _slot(t, stage_ids, schedule)
+      selection = mtf.one_hot(repeat, repeat_dim, dtype=tf.float32)
     select = _select_by(selection, [stage_dim])
     getter = _StackedGetter(stage_dim, repeat_dim,
                             lambda name, select=select: (name, select),
                             original_name)
+    side = dict(zip(names[1:], bufs[1:]))
+    side[ITERATION] = t
     with variables.custom_getter(getter):
-      h = stage_fn(buffers[""], {n: b for n, b in buffers.items() if n})
-    if h.shape != buffers[""].shape:
+      h = stage_fn(bufs[0], side)
+    if h.shape != bufs[0].shape:
       raise ValueError("pipeline: stage_fn returned %s; it must keep its "
-                       "input's shape %s" % (h.shape, buffers[""].shape))
-    buffers[""] = h
-    done = schedule.slot(t, s_count - 1)
-    if done is not None and done[1] == r_count - 1:
-      outputs[done[0]] = h
-  # Each finished microbatch is on the last stage: pick it (zeros
-  # elsewhere), then one sum over stage (an allreduce over its axis).
-  stacked = mtf.stack(outputs, MICROBATCH_DIM_NAME, axis=2)
-  picked = mtf.where(is_last, stacked, mtf.zeros_like(stacked))
-  out = mtf.reduce_sum(picked, reduced_dim=stage_dim)
+                       "input's shape %s" % (h.shape, bufs[0].shape))
+    # The last stage's finished microbatch (zeros elsewhere), at its place
+    # along microbatches: summed over the iterations by the loop.
+    done, last_repeat, busy = _slot(t, s_count - 1, schedule)
+    finished = mtf.logical_and(
+        mtf.logical_and(mtf.equal(stage_ids, s_count - 1), busy),
+        mtf.equal(last_repeat, r_count - 1))
+    at = mtf.one_hot(done, micro_dim, dtype=h.dtype)
+    out = mtf.multiply(mtf.where(finished, h, mtf.zeros_like(h)), at,
+                       output_shape=mtf.Shape(h.shape.dims[:2] + [micro_dim] +
+                                              h.shape.dims[2:]))
+    return [t + 1, h] + bufs[1:] + [out]
+
+  outs = control.while_loop(
+      cond, body, [mtf.constant(mesh, 0, dtype=tf.int32)] + buffers,
+      has_accumulators=True, maximum_iterations=iterations,
+      name="pipeline")
+  # One sum over stage (an allreduce over its axis): only the last stage's
+  # slots hold microbatches.
+  out = mtf.reduce_sum(outs[-1], reduced_dim=stage_dim)
   rest = [d for d in x.shape.dims if d.name != batch_dim.name]
   out = mtf.reshape(out, [batch_dim] + rest)
   if out.shape != x.shape:
@@ -444,11 +488,18 @@ class LayerPipeline(object):
     k_count = len(layers_list) // self.chunks
     prefix = base + "/pipeline/layer_"
 
+    iterations = self.schedule.num_iterations
+
     def stage_fn(h, carried):
       ctx = copy.copy(context)
       ctx.cache = {}
       ctx.batch_dims = list(h.shape.dims[:-2])
       ctx.sequence_id = carried.get("sequence_id")
+      # Dropout drawn anew for every iteration (so every microbatch) and
+      # every step: the loop body's ops are the same in each iteration.
+      it = carried[ITERATION]
+      ctx.step = it if context.step is None else (
+          context.step * iterations + mtf.cast(it, context.step.dtype))
       losses = len(context.losses) if context.losses is not None else 0
       for k in range(k_count):
         layer = layers_list[k]

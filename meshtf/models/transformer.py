@@ -41,6 +41,7 @@ from meshtf.models import dtypes
 from meshtf.models import layers
 from meshtf.models import norms
 from meshtf.models import pipeline as pipeline_lib
+from meshtf.models import remat as remat_lib
 from meshtf.models import transformer_layers as tl
 
 NORMS = {"rms_norm": norms.rms_norm, "layer_norm": norms.layer_norm}
@@ -64,14 +65,20 @@ class LayerStack(tl.TransformerLayer):
   "<scope>/layer_%03d/<LayerName>", its norm under ".../<LayerName>/norm".
   pipeline: a pipeline.LayerPipeline to run the layers as a pipeline over
   a "stage" dim (GSPMD 3.3; see meshtf/models/pipeline.py), or None.
+  remat: what each residual block keeps for the backward pass while
+  training (meshtf/models/remat.py): "none", "full" (its input; the block
+  recomputed in its gradient) or "einsum_outputs"; a layer's own `remat`
+  attribute, if set, overrides it for that layer.
 
   Example:
     >>> stack = LayerStack([SelfAttention(8, 64), DenseReluDense(2048)] * 6,
-    ...                    dropout_rate=0.1, norm_type="layer_norm")
+    ...                    dropout_rate=0.1, norm_type="layer_norm",
+    ...                    remat="full")
   """
 
   def __init__(self, layers_list=None, dropout_rate=0.0, norm_epsilon=1e-6,
-               norm_type="rms_norm", pipeline=None, layers=None):
+               norm_type="rms_norm", pipeline=None, layers=None,
+               remat="none"):
     # `layers=` is Mesh TensorFlow's keyword for the list.
     if (layers_list is None) == (layers is None):
       raise ValueError("LayerStack: pass the layer list once, as the first "
@@ -89,6 +96,7 @@ class LayerStack(tl.TransformerLayer):
     if pipeline is not None:
       pipeline.check_layers(self._layers)
     self.pipeline = pipeline
+    self.remat = remat_lib.check_policy(remat, "LayerStack: remat")
 
   @property
   def layers(self):
@@ -112,13 +120,19 @@ class LayerStack(tl.TransformerLayer):
     context.layer_index = index
     context.scope = scope
     x = tl.annotate(context, x)   # the residual stream (GSPMD's BSM)
-    y = layer.call(context, self._norm(x, context, scope + "/norm"))
-    if not isinstance(y, graph_lib.Tensor) or y.shape != x.shape:
-      raise ValueError("LayerStack: layer %s returned %s; it must return a "
-                       "Tensor of shape %s" % (scope, getattr(y, "shape", y),
-                                               x.shape))
-    return x + tl.dropout(y, context, self._dropout_rate,
-                          name=scope + "/residual_dropout")
+
+    def block(x):
+      y = layer.call(context, self._norm(x, context, scope + "/norm"))
+      if not isinstance(y, graph_lib.Tensor) or y.shape != x.shape:
+        raise ValueError("LayerStack: layer %s returned %s; it must return "
+                         "a Tensor of shape %s" % (
+                             scope, getattr(y, "shape", y), x.shape))
+      return tl.dropout(y, context, self._dropout_rate,
+                        name=scope + "/residual_dropout")
+    policy = getattr(layer, "remat", None) or self.remat
+    if context.train and policy != "none":
+      return x + remat_lib.recompute_block(block, x, context, layer, policy)
+    return x + block(x)
 
   def call(self, context, x):
     base = context.scope
@@ -571,7 +585,7 @@ def make_layer_stack(num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
                      activation=None, norm_type="rms_norm",
                      feedforward_layer_fn=None, norm_epsilon=1e-6,
                      pipeline_stages=1, num_microbatches=1,
-                     circular_repeats=1):
+                     circular_repeats=1, remat="none"):
   """A LayerStack of num_layers blocks: SelfAttention, EncDecAttention
   (encdec), then a feed-forward layer: DenseReluDense (relu), or
   GatedDenseReluDense (gelu) with gated=True, or feedforward_layer_fn(i)
@@ -579,7 +593,9 @@ def make_layer_stack(num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
   layer every other block; returning None uses the default).
   pipeline_stages, num_microbatches, circular_repeats: all 1 (the
   default) runs the blocks in order; otherwise they run as a pipeline
-  (meshtf/models/pipeline.py) with the same numbers.
+  (meshtf/models/pipeline.py) with the same numbers. remat: what each block
+  keeps for the backward pass (meshtf/models/remat.py: "none", "full",
+  "einsum_outputs").
 
   Example:
     >>> stack = make_layer_stack(2, num_heads=4, d_kv=16, d_ff=64,
@@ -600,7 +616,8 @@ def make_layer_stack(num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
   if max(pipeline_stages, num_microbatches, circular_repeats) > 1:
     pipe = pipeline_lib.LayerPipeline(pipeline_stages, num_microbatches,
                                       circular_repeats)
-  return LayerStack(blocks, dropout_rate, norm_epsilon, norm_type, pipe)
+  return LayerStack(blocks, dropout_rate, norm_epsilon, norm_type, pipe,
+                    remat=remat)
 
 
 def make_unitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
@@ -608,7 +625,7 @@ def make_unitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
                         autoregressive=True, name="decoder", **kwargs):
   """A decoder-only language model (or, autoregressive=False, an encoder
   with output logits). Keyword arguments of make_layer_stack (gated,
-  activation, norm_type, feedforward_layer_fn) and of Unitransformer
+  activation, norm_type, feedforward_layer_fn, remat) and of Unitransformer
   (label_smoothing, z_loss, positional_embedding, vocab_divisor, ...).
 
   Example:
@@ -618,7 +635,7 @@ def make_unitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
   """
   stack_keys = ("gated", "activation", "norm_type", "feedforward_layer_fn",
                 "norm_epsilon", "pipeline_stages", "num_microbatches",
-                "circular_repeats")
+                "circular_repeats", "remat")
   stack_kwargs = {k: kwargs.pop(k) for k in stack_keys if k in kwargs}
   stack = make_layer_stack(num_layers, num_heads, d_kv, d_ff, dropout_rate,
                            **stack_kwargs)
@@ -639,7 +656,7 @@ def make_bitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
   """
   stack_keys = ("gated", "activation", "norm_type", "feedforward_layer_fn",
                 "norm_epsilon", "pipeline_stages", "num_microbatches",
-                "circular_repeats")
+                "circular_repeats", "remat")
   stack_kwargs = {k: kwargs.pop(k) for k in stack_keys if k in kwargs}
   encoder = Unitransformer(
       make_layer_stack(num_layers, num_heads, d_kv, d_ff, dropout_rate,

@@ -226,8 +226,9 @@ class Context(object):
                          layers.rename_length_to_memory_length(
                              self.sequence_id, self.length_dim.name))
         visible = same if visible is None else mtf.logical_and(same, visible)
-      self.cache["self_attention_mask"] = visibility_to_bias(
-          visible, self.activation_dtype)
+      # Laid out as the activations are (per batch with segment ids).
+      self.cache["self_attention_mask"] = annotate(self, visibility_to_bias(
+          visible, self.activation_dtype))
     return self.cache["self_attention_mask"]
 
   def encdec_attention_mask(self):
@@ -244,8 +245,8 @@ class Context(object):
           visible = mtf.equal(self.sequence_id, enc)
         else:
           visible = mtf.not_equal(enc, 0)
-      self.cache["encdec_attention_mask"] = visibility_to_bias(
-          visible, self.activation_dtype)
+      self.cache["encdec_attention_mask"] = annotate(self, visibility_to_bias(
+          visible, self.activation_dtype))
     return self.cache["encdec_attention_mask"]
 
 
@@ -505,7 +506,7 @@ def annotate(context, x):
     >>> h = annotate(context, h)   # [batch:x, length, d_ff]
   """
   rules = getattr(context.model, "activation_layout", None)
-  if rules is None:
+  if rules is None or x is None:
     return x
   spec = [(d.name, rules.mesh_axis_names(d.name)) for d in x.shape.dims
           if rules.mesh_axis_names(d.name)]

@@ -477,11 +477,31 @@ class CastOperation(graph_lib.Operation):
   def gradient(self, grad_ys):
     return [cast(grad_ys[0], self._inputs[0].dtype)]
 
+  # Set by a loop's gradient on the casts whose results it sums over the
+  # iterations (control/loops.py): a pending sum then stays pending, to be
+  # reduced once after the loop. Elsewhere a cast reduces it first, in the
+  # narrower dtype (fewer bytes sent).
+  sums_later = False
+
+  @property
+  def widens(self):
+    """Whether this casts a float to a float at least as wide (bfloat16 ->
+    float32): the sum of the cast parts is the cast sum, rounded no more."""
+    x, y = self._inputs[0].dtype, self._outputs[0].dtype
+    return x.is_floating and y.is_floating and y.size >= x.size
+
   def lower(self, lowering):
+    impl = lowering.mesh_impl(self)
     dtype = self._outputs[0].dtype
-    lowering.set_tensor_lowering(self._outputs[0], lowering.mesh_impl(
-        self).slicewise(lambda t: tf.cast(t, dtype),
-                        lowering.tensors[self._inputs[0]]))
+    fn = lambda t: tf.cast(t, dtype)  # noqa: E731
+    raw = lowering.pending_or_laid_out(self._inputs[0])
+    if (self.sums_later and self.widens and
+        isinstance(raw, lowering_lib.PendingSum)):
+      lowering.set_tensor_lowering(self._outputs[0], lowering_lib.PendingSum(
+          impl, impl.slicewise(fn, raw.laid_out), raw.mesh_axes))
+      return
+    lowering.set_tensor_lowering(self._outputs[0], impl.slicewise(
+        fn, lowering.tensors[self._inputs[0]]))
 
 
 def cast(x, dtype, name=None):

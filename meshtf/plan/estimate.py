@@ -13,17 +13,22 @@ costs, and leaves out the small rest:
     mesh axes: einsums, sum reductions and gathers leave the sum pending,
     other reductions (max, min, ...) allreduce at once;
   a pending sum is reduced where it is read: linear readers (negation,
-    scalar multiples, sums of sums over the same axes) keep it pending when
-    they are its only reader; a reader that splits a summed axis
-    reduce-scatters; any other reader allreduces it (once);
+    scalar multiples, the bfloat16 -> float32 casts of gradients a loop
+    sums over its iterations, sums of sums over the same axes) keep it
+    pending when they are its only reader; a loop's sums over its
+    iterations stay pending past the loop (reduced once); a reader that
+    splits a summed axis reduce-scatters; any other reader allreduces it
+    (once);
   a pending sum nothing reads is reduced as its export would be;
   the pending members of a reduce group (mtf.gradients' results) are
     reduced in fused buckets as the lowering's Bucketer forms them
     (meshtf/lowering/bucketing.py, same cap).
 
-Left out: top_k/sort gathers, shift and conv halos (permutes), and the
-gather of ids split like the table (these are small or rare in the models
-here); tests/plan/test_estimate.py measures the gap against traced plans.
+Left out: top_k/sort gathers, conv halos and shifts along a dim split
+unevenly or over several axes (permutes), and the gather of ids split
+like the table (these are small or rare in the models here);
+tests/plan/test_estimate.py measures the gap against traced plans. An op
+inside a loop counts its collectives once per iteration.
 
 Example:
   >>> records = estimate_collectives(graph.operations, graph_layout)
@@ -35,6 +40,7 @@ from meshtf.layouts import reasons as reasons_lib
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import bucketing
 from meshtf.lowering import lowering as lowering_lib
+from meshtf.plan import accounting
 
 _LINEAR_UNARY = ("negative", "identity")
 # Operations whose partial sums may wait (their lowering makes a PendingSum).
@@ -54,10 +60,12 @@ class _Recorder(object):
     # collective's input is ready and where its result is first needed.
     self.events = []
     self.span = (0, 0)
+    self.times = 1
 
   def _count(self, key, reason):
-    self.counts.setdefault(key, []).append(reason)
-    self.events.append((key,) + tuple(self.span))
+    # An op inside a loop runs its collectives once per iteration.
+    self.counts.setdefault(key, []).extend([reason] * self.times)
+    self.events.extend([(key,) + tuple(self.span)] * self.times)
 
   def add(self, kind, mesh_axes, elements, itemsize, reason=None):
     group = 1
@@ -97,9 +105,10 @@ class _Recorder(object):
 def _is_linear_reader(op, tensor, pending, layout):
   """Whether op keeps tensor's pending sum pending (see the docstring)."""
   name = type(op).__name__
-  if name in ("ScalarMultiplyOperation", "CustomGradientOperation"):
-    # A custom gradient's outputs are its function's, pending or not.
+  if name == "ScalarMultiplyOperation" or _passes_through(op):
     return True
+  if name == "CastOperation":   # one a loop's gradient sums (loops.py)
+    return op.sums_later and op.widens
   if name == "ReshapeOperation":   # a local one (a rename)
     out = op.outputs[0]
     return all(s.kind == "reshape" for s in layout.relayout_plan(
@@ -113,6 +122,14 @@ def _is_linear_reader(op, tensor, pending, layout):
     return (x in pending and y in pending and pending[x] == pending[y]
             and x.shape == out.shape and y.shape == out.shape)
   return False
+
+
+def _passes_through(op):
+  """Whether op's outputs are some of its inputs, pending or not (a custom
+  gradient's outputs are its function's; a recomputation's copy of a kept
+  op gives the kept value): it reduces and moves nothing."""
+  return (getattr(op, "output_aliases", None) is not None and
+          type(op).__name__ != "DependOperation")
 
 
 def _shares_rename_relay(t, new, graph_layout, pending, relaid):
@@ -183,7 +200,9 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   operations = list(operations)
   base = graph_layout.base
   rec = _Recorder(base)
-  readers = collections.Counter(t for op in operations for t in op.inputs)
+  # (Inside loops too: a linear reader in a loop body keeps a sum pending.)
+  readers = collections.Counter(
+      t for op in lowering_lib.all_operations(operations) for t in op.inputs)
   pending = {}   # tensor -> sorted mesh axes its partial sums still need
   reduced = set()
   relaid = set()   # (tensor, layout): the lowering relays once per layout
@@ -256,10 +275,27 @@ def estimate_collectives(operations, graph_layout, outputs=None,
                                                where=where))
       reduced.add(t)
 
+  times = collections.Counter()
+  for op, n in accounting.runs_per_step(operations):
+    times[op] += n
+  # A loop's sums over its iterations (accumulators, weight gradients) stay
+  # pending past it when their body tensor is pending: reduced once.
+  loop_ends = collections.defaultdict(list)
   for op in everything:
+    if op.inner_operations and hasattr(op, "summed_outputs"):
+      inner = list(lowering_lib.all_operations(op.inner_operations))
+      loop_ends[position[inner[-1]]].append(op)
+  for op in everything:
+    rec.times = times[op] or 1
     _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
                  relaid, reduce_now, span)
+    rec.times = 1
     after(op)
+    for loop in loop_ends.get(position[op], ()):
+      for out, inner in loop.summed_outputs:
+        if inner in pending and inner not in reduced:
+          pending[out] = pending[inner]
+          reduced.add(inner)
   for members, _ in list(buckets.values()):
     rec.span = (len(everything) - 1, len(everything))
     issue(members)
@@ -271,6 +307,31 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   if timeline is not None:
     timeline.extend(rec.timeline())
   return rec.records()
+
+
+def _estimate_shift(op, layout, rec, reason=None):
+  """The collective permutes of a shift along a dim split evenly over one
+  mesh axis (ShiftOperation's halo exchange: with stripe s and offset
+  q * s + r, r elements from one neighbour and s - r from another); a
+  pipeline's buffer moves one stage each iteration this way."""
+  x = op.inputs[0]
+  n, offset = op._dim.size, op._offset  # pylint: disable=protected-access
+  if op._wrap:  # pylint: disable=protected-access
+    offset %= n
+  elif abs(offset) >= n:
+    return
+  split = layout.dim_split(x.shape, op._axis)  # pylint: disable=protected-access
+  if not offset or len(split.mesh_axes) != 1 or not split.is_even:
+    return
+  stripe = n // layout.axis_size(split.mesh_axis)
+  q, r = offset // stripe, offset % stripe
+  per_element = layout.slice_size(x.shape) // stripe
+  if r:
+    rec.add("permute", [split.mesh_axis], r * per_element, x.dtype.size,
+            reason)
+  if q:
+    rec.add("permute", [split.mesh_axis], (stripe - r if r else stripe) *
+            per_element, x.dtype.size, reason)
 
 
 def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
@@ -306,11 +367,18 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
       reduce_now(t, op)
     if plan is not None:
       rec.add_plan(plan, reasons_lib.relayout(graph_layout, op, t))
-  if type(op).__name__ == "CustomGradientOperation":
+  if op.inner_operations:
+    return   # a loop: its body's ops are estimated one by one
+  if type(op).__name__ == "DependOperation":
+    return   # its inputs read (pending sums reduced); it computes nothing
+  if _passes_through(op):
     for k, i in op.output_aliases.items():
       source = op.inputs[i]
       if source in pending and source not in reduced:
         pending[op.outputs[k]] = pending[source]
+    return
+  if type(op).__name__ == "ShiftOperation":
+    _estimate_shift(op, layout, rec, reasons_lib.computes(graph_layout, op))
     return
   if type(op).__name__ == "ReshapeOperation" and not keeps:
     x, out = op.inputs[0], op.outputs[0]

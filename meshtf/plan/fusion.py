@@ -114,7 +114,10 @@ def op_seconds(operations, graph_layout, hw, costs=None):
     return {op: _roofline(c.flops, c.bytes, hw) + (
         hw.kernel_overhead if _kind(op) != "free" else 0.0)
             for op, c in costs.items()}
-  return _fused_seconds(ops, graph_layout, hw, costs)
+  # A loop body's op runs once per iteration: its kernel's bytes and
+  # padded flops count that many times (costs' flops already do).
+  times = {op: n for op, n in accounting.runs_per_step(list(operations))}
+  return _fused_seconds(ops, graph_layout, hw, costs, times)
 
 
 class _Fusions(object):
@@ -177,7 +180,8 @@ def fusions(operations, graph_layout):
   return list(groups.values())
 
 
-def _fused_seconds(ops, graph_layout, hw, costs):
+def _fused_seconds(ops, graph_layout, hw, costs, times=None):
+  times = times or {}
   f = _Fusions(ops, graph_layout)
   readers = collections.defaultdict(list)
   for op in ops:
@@ -198,7 +202,8 @@ def _fused_seconds(ops, graph_layout, hw, costs):
       c = costs[op]
       flops = c.flops
       if type(op).__name__ == "EinsumOperation" and hw.matmul_tile:
-        flops = einsum_flops(op, graph_layout.op_layout(op), hw.matmul_tile)
+        flops = einsum_flops(op, graph_layout.op_layout(op),
+                             hw.matmul_tile) * times.get(op, 1)
       seconds[op] = _roofline(flops, c.bytes, hw)
       continue
     inside = set(group_ops)
@@ -206,16 +211,17 @@ def _fused_seconds(ops, graph_layout, hw, costs):
     seen = set()
     for op in group_ops:
       layout = graph_layout.op_layout(op)
+      n = times.get(op, 1)
       for t in op.inputs:
         if (t.operation in inside and not f.relaid(t, op)) or t in seen:
           continue
         seen.add(t)
-        nbytes += layout.slice_size(t.shape) * t.dtype.size
+        nbytes += layout.slice_size(t.shape) * t.dtype.size * n
       for t in op.outputs:
         outside = [r for r in readers.get(t, ())
                    if r not in inside or f.relaid(t, r)]
         if outside or not readers.get(t):
-          nbytes += layout.slice_size(t.shape) * t.dtype.size
+          nbytes += layout.slice_size(t.shape) * t.dtype.size * n
     flops = sum(costs[op].flops for op in group_ops)
     total = _roofline(flops, nbytes, hw)
     weights = [costs[op].bytes + 1 for op in group_ops]

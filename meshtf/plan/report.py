@@ -360,7 +360,11 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   graph_layout = mesh_layout.assign(lowering_lib.all_operations(operations))
   if backward_start is None:
     backward_start = graph.backward_start
-  acc = accounting.account(operations, graph_layout, backward_start)
+  # Where XLA compiles the program its fused kernels' intermediates take
+  # no memory (the sequential liveness the plan reports there).
+  fused = (accounting.fused_kernels(fusion.fusions(operations, graph_layout))
+           if hw.compiler == "xla" else None)
+  acc = accounting.account(operations, graph_layout, backward_start, fused)
   outputs = step_outputs(operations)
   events = []
   collectives = estimate.estimate_collectives(operations, graph_layout,

@@ -35,6 +35,7 @@ from meshtf.layouts import mesh_layout as mesh_layout_lib
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.plan import accounting
 from meshtf.plan import estimate
+from meshtf.plan import fusion
 from meshtf.plan import hardware as hardware_lib
 from meshtf.plan import report as report_lib
 
@@ -190,7 +191,9 @@ def _screen(graphs, weights, layout, hw, cap):
       graph_layout = layout.assign(lowering_lib.all_operations(ops))
     except errors.LayoutError:
       return None
-    acc = accounting.account(ops, graph_layout, graph.backward_start)
+    fused = (accounting.fused_kernels(fusion.fusions(ops, graph_layout))
+             if hw.compiler == "xla" else None)   # as plan() counts memory
+    acc = accounting.account(ops, graph_layout, graph.backward_start, fused)
     events = []
     records = estimate.estimate_collectives(ops, graph_layout,
                                             timeline=events)

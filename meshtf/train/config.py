@@ -31,6 +31,8 @@ from meshtf.train import preflight
 MODEL_TYPES = ("lm", "bitransformer")
 BACKENDS = ("placement", "simd")
 ACTIVATION_DTYPES = ("float32", "bfloat16")
+# meshtf/models/remat.py's POLICIES (named here: this module loads no TF).
+REMAT_POLICIES = ("none", "full", "einsum_outputs")
 JIT_COMPILE = ("", "segments", "program")
 COMMUNICATION_HINTS = ("", "auto", "ring", "nccl")
 OPTIMIZERS = ("adam", "adafactor", "sgd", "momentum")
@@ -87,6 +89,11 @@ def default_config():
   c.pipeline_stages = 1
   c.num_microbatches = 1       # the batch splits into this many
   c.circular_repeats = 1       # layer chunks per stage (circular schedule)
+  c.remat = "none"             # what each layer keeps for the backward pass
+  #                              (meshtf/models/remat.py): none | full (its
+  #                              input; recomputed in the backward pass) |
+  #                              einsum_outputs (recompute the elementwise
+  #                              ops and softmaxes only)
 
   # --- Mixture of Experts (GShard) ------------------------------------------
   c.moe = ml_collections.ConfigDict()
@@ -399,6 +406,8 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
        % config.positional_embedding)
   need(config.norm_type in ("rms_norm", "layer_norm"), "norm_type=%r: use "
        "rms_norm or layer_norm" % config.norm_type)
+  need(config.remat in REMAT_POLICIES, "remat=%r is unknown: use "
+       "--config.remat=%s" % (config.remat, " | ".join(REMAT_POLICIES)))
   moe = config.moe
   if moe.num_experts >= 1:
     need(moe.gating in GATINGS, "moe.gating=%r is unknown: use --config.moe."

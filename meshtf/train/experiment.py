@@ -117,7 +117,8 @@ def build_model(config, sink=None, mesh_layout=None):
       vocab_divisor=config.vocab_divisor,
       positional_embedding=(False if config.positional_embedding == "none"
                             else config.positional_embedding),
-      activation_layout=config.activation_layout or None)
+      activation_layout=config.activation_layout or None,
+      remat=config.get("remat", "none"))
   if config.model_type == "lm":
     n = config.num_layers
     if ffn is not None:
@@ -136,7 +137,7 @@ def build_model(config, sink=None, mesh_layout=None):
   stack = lambda n, encdec: transformer.make_layer_stack(  # noqa: E731
       n, config.num_heads, config.d_kv, config.d_ff, config.dropout_rate,
       encdec=encdec, gated=config.gated, activation=config.activation,
-      norm_type=config.norm_type,
+      norm_type=config.norm_type, remat=common["remat"],
       feedforward_layer_fn=(None if ffn is None else
                             (lambda i: ffn(i, n))))
   kwargs = dict(label_smoothing=config.label_smoothing, z_loss=config.z_loss,

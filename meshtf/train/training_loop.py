@@ -340,6 +340,8 @@ def print_header(session, start_step):
   if max(config.pipeline_stages, config.num_microbatches,
          config.circular_repeats) > 1:
     lines.append(pipeline_line(config))
+  if config.get("remat", "none") != "none":
+    lines.append(REMAT_LINES[config.remat])
   if session.rows is not None:
     w = session.workers
     lines.append("workers: %d (this is task %d%s); it reads batch rows %s of "
@@ -351,6 +353,15 @@ def print_header(session, start_step):
       if start_step else "new"))
   for l in lines:
     log(l)
+
+
+# The header's line for config.remat (meshtf/models/remat.py).
+REMAT_LINES = {
+    "full": "remat: full (each layer keeps its input; the backward pass "
+            "recomputes the layer)",
+    "einsum_outputs": "remat: einsum_outputs (each layer keeps its input "
+                      "and einsums' outputs; the backward pass recomputes "
+                      "the rest)"}
 
 
 def pipeline_line(config):

@@ -256,7 +256,7 @@ CASES = [
                                         "--config.d_model=8"], "none",
      "returns_none.py: get_config() returned None"),
     ("config_lacks_keys", ["--config={files}/lacks_keys.py"], "none",
-     "lacks_keys.py lacks 66 of the config's keys (activation, "
+     "lacks_keys.py lacks 67 of the config's keys (activation, "
      "activation_dtype, activation_layout, auto_layout_dims, ...): start "
      "get_config() from meshtf.train.config.default_config()"),
     ("config_raises", ["--config=" + os.path.join(
