@@ -27,6 +27,7 @@ import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 
 from meshtf.lowering import cluster
+from meshtf.lowering import constants
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.lowering import simd_collectives
@@ -328,8 +329,13 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       args = args[n_token:]
       self._ctx = _ProgramContext(pnum, token,
                                   dict(zip(handles, args[:n_handles])), {})
+      # One Const per value and one coordinate per mesh axis in the whole
+      # program (constants.py); not under XLA segments, whose clusters
+      # each want their own constants.
+      shared = (constants.shared_in(tf.compat.v1.get_default_graph())
+                if jit != "segments" else contextlib.nullcontext())
       try:
-        with _jit_scope(jit == "segments"):
+        with _jit_scope(jit == "segments"), shared:
           return list(body(*args[n_handles:]))
       finally:
         self._ctx = None
@@ -485,11 +491,14 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     return self.LaidOutTensor([self._context().pnum])
 
   def pcoord(self, mesh_axis):
-    """This processor's coordinate along mesh_axis (int32 tensor)."""
+    """This processor's coordinate along mesh_axis (int32 tensor), made
+    once per program (constants.cached)."""
     stride = 1
     for d in self.shape.dims[mesh_axis + 1:]:
       stride *= d.size
-    return (self._context().pnum // stride) % self.shape.dims[mesh_axis].size
+    pnum = self._context().pnum
+    return constants.cached(("pcoord", mesh_axis), lambda: (
+        pnum // stride) % self.shape.dims[mesh_axis].size)
 
   def laid_out_pcoord(self, mesh_axis):
     return self.LaidOutTensor([self.pcoord(mesh_axis)])
@@ -592,11 +601,15 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     return self._tables[mesh_axes]
 
   def group_index(self, table):
-    """Index of this processor's group (int32 tensor)."""
-    index = tf.constant(0, tf.int32)
-    for a, stride in table.strides.items():
-      index = index + self.pcoord(a) * stride
-    return index
+    """Index of this processor's group (int32 tensor), made once per
+    program and group table."""
+    def make():
+      index = tf.constant(0, tf.int32)
+      for a, stride in table.strides.items():
+        index = index + self.pcoord(a) * stride
+      return index
+    return constants.cached(("group_index", tuple(sorted(
+        table.strides.items()))), make)
 
   def _collective_args(self, mesh_axes, kind, reduction=None):
     table = self.group_tables(mesh_axes)
@@ -614,9 +627,12 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
                 [self.shape.dims[a].name for a in sorted(mesh_axes)],
                 self.shape, why))
     return table, dict(
-        group_size=tf.constant(table.group_size, tf.int32),
-        group_key=(tf.constant(table.base_key, tf.int32) if not table.strides
-                   else table.base_key + self.group_index(table)),
+        group_size=constants.int32(table.group_size),
+        group_key=(constants.int32(table.base_key) if not table.strides
+                   else constants.cached(
+                       ("group_key", table.base_key, tuple(sorted(
+                           table.strides.items()))),
+                       lambda: table.base_key + self.group_index(table))),
         instance_key=tf.constant(next_instance_key(), tf.int32),
         ordering_token=[ctx.token],
         communication_hint=self.communication_hint,

@@ -1,7 +1,12 @@
-"""Helpers for per-slice TensorFlow code shared by the op families."""
+"""Helpers for per-slice TensorFlow code shared by the op families.
+
+Shapes, permutations and axes go to TensorFlow through
+meshtf.lowering.constants: one Const per value in a per-device program.
+"""
 import tensorflow as tf
 
 from meshtf import shapes
+from meshtf.lowering import constants
 
 
 def as_shape(x):
@@ -15,18 +20,19 @@ def expand_to(t, old_shape, new_shape):
   new_names = new_shape.dimension_names
   perm = [old_names.index(n) for n in new_names if n in old_names]
   if perm != list(range(len(perm))):
-    t = tf.transpose(t, perm)
+    t = tf.transpose(t, constants.int32(perm))
   if len(old_names) != len(new_names):
     sizes = iter(t.shape)
-    t = tf.reshape(t, [int(next(sizes)) if n in old_names else 1
-                       for n in new_names])
+    t = tf.reshape(t, constants.int32([int(next(sizes)) if n in old_names
+                                       else 1 for n in new_names]))
   return t
 
 
 def transpose_to(t, old_names, new_names):
   """Transposes slice t from dim order old_names to new_names (same set)."""
   perm = [old_names.index(n) for n in new_names]
-  return tf.transpose(t, perm) if perm != list(range(len(perm))) else t
+  return (tf.transpose(t, constants.int32(perm))
+          if perm != list(range(len(perm))) else t)
 
 
 def einsum_equation(input_shapes, output_shape):
@@ -115,7 +121,7 @@ def _matmul_plan(a, b, out):
     z = tf.matmul(x, y, transpose_a=trans_a, transpose_b=trans_b)
     z_sizes = [sizes[n] for n in result_names]
     if list(z.shape) != z_sizes:
-      z = tf.reshape(z, z_sizes)
+      z = tf.reshape(z, constants.int32(z_sizes))
     return transpose_to(z, result_names, list(out))
   return fn
 
@@ -136,7 +142,7 @@ def _arrange(t, names, batch, groups, sizes):
   shape = [sizes[n] for n in batch] + [_prod(sizes[n] for n in g)
                                        for g in groups]
   if list(t.shape) != shape:
-    t = tf.reshape(t, shape)
+    t = tf.reshape(t, constants.int32(shape))
   return t
 
 
