@@ -92,11 +92,23 @@ class MeshFunction(object):
     self.graph, self.lowering = graph, lowering
     return result
 
+  # The first run of a traced step also instantiates it (TensorFlow places
+  # and optimizes every device's program): minutes for a large model on a
+  # loaded host, which the collectives' deadline must not mistake for a
+  # lost peer.
+  FIRST_RUN_ALLOWANCE = 4.0
+
   def __call__(self, *tf_inputs):
     watchdog = getattr(self._mesh_impl, "collective_watchdog", None)
     if watchdog is None:
       return self._fn(*tf_inputs)
-    with watchdog() as watch:
+    allowance = 1.0
+    if self.lowering is None and hasattr(self._fn,
+                                         "get_concrete_function"):
+      # Traced outside the deadline: tracing runs no collective.
+      self._fn.get_concrete_function(*tf_inputs)
+      allowance = self.FIRST_RUN_ALLOWANCE
+    with watchdog(allowance) as watch:
       try:
         return self._fn(*tf_inputs)
       except (tf.errors.DeadlineExceededError, tf.errors.CancelledError) as e:

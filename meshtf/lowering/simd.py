@@ -343,8 +343,15 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     specs = [tf.TensorSpec([], tf.int32)]
     specs += [tf.TensorSpec([], tf.resource)] * (n_token + n_handles)
     specs += list(arg_specs)
+    # Not inlined into the launch: TensorFlow then instantiates and
+    # optimizes (Grappler) each device's copy of the program by itself, on
+    # the executor's threads, instead of one graph holding every device's
+    # copy (lm_tiny's first run 72-80 s -> 40-50 s at load ~11 on 2 cores;
+    # bench/first_step.py). XLA's whole-program compile keeps TF's default.
+    attributes = {"_noinline": True} if jit != "program" else None
     return tf.function(program, autograph=False,
-                       jit_compile=True if jit == "program" else None
+                       jit_compile=True if jit == "program" else None,
+                       experimental_attributes=attributes
                        ).get_concrete_function(*specs)
 
   def launch(self, program, per_device_args):
@@ -374,17 +381,18 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
           raise
     return launch_all()
 
-  def collective_watchdog(self):
+  def collective_watchdog(self, allowance=1.0):
     """Context manager: collectives still running collective_timeout_seconds
-    after entering it are aborted (the run raises DeadlineExceeded, which
-    explain_timeout turns into a CollectiveTimeoutError). Launches and
-    MeshFunction calls use it; wrap your own tf.function calls in it.
+    (times `allowance`) after entering it are aborted (the run raises
+    DeadlineExceeded, which explain_timeout turns into a
+    CollectiveTimeoutError). Launches and MeshFunction calls use it; wrap
+    your own tf.function calls in it.
 
     Example:
       >>> with impl.collective_watchdog() as watch:
       ...   my_step()          # a tf.function that lowers on impl
     """
-    return _WATCHDOG.watch(self._timeout, "mesh %s" % ";".join(
+    return _WATCHDOG.watch(self._timeout * allowance, "mesh %s" % ";".join(
         "%s:%d" % (d.name, d.size) for d in self.shape.dims))
 
   def run_program(self, body, per_device_args, arg_specs, handles=()):
