@@ -14,10 +14,11 @@ compute, for comparison). Phase times are exclusive: a phase inside
 another is not counted twice.
 
 Cases are a registry (CASES): each gives a meshtf.train config. Add one
-with @case("name"). The default cases are the binary's Transformer LM
-(t2t_configs/lm_tiny.py) and a T5-small-sized encoder-decoder (6+6 layers,
+with @case("name"). The cases are the binary's Transformer LM
+(t2t_configs/lm_tiny.py), a T5-small-sized encoder-decoder (6+6 layers,
 d_model 512, 8 heads of 64, d_ff 2048, T5's vocabulary of 32,128; batch 8 x
-length 32 so the one step's compute stays seconds).
+length 32 so the one step's compute stays seconds), and the same with T5's
+dropout of 0.1.
 
   python bench/first_step.py                          # each case once
   python bench/first_step.py --cases=t5_small --rounds=3
@@ -31,6 +32,7 @@ One JSON object per measurement ({"bench": "first_step", ...}), then with
 --rounds > 1 one summary object per case and tree (median, min, max).
 """
 import argparse
+import collections
 import json
 import os
 import platform
@@ -81,6 +83,15 @@ def t5_small():
   c.length = 32
   c.mesh_shape = "data:4;model:2"
   c.layout = "batch:data;heads:model;d_ff:model;vocab:model"
+  return c
+
+
+@case("t5_small_dropout")
+def t5_small_dropout():
+  """t5_small as T5 trains it: dropout 0.1 (every dropout draws its mask
+  with the layout-invariant Threefry generator, meshtf/lowering/rng.py)."""
+  c = t5_small()
+  c.dropout_rate = 0.1
   return c
 
 
@@ -164,9 +175,10 @@ def _grappler_options(text):
   return out
 
 
-def measure(name, profile=0, grappler=""):
+def measure(name, profile=0, grappler="", later_steps=3):
   """The first step of case `name` in this process: a dict. grappler:
-  Grappler options to set first (to measure their share)."""
+  Grappler options to set first (to measure their share); later_steps:
+  how many steps after the second to time (their median)."""
   t0 = time.perf_counter()
   os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
   import tensorflow as tf
@@ -195,13 +207,13 @@ def measure(name, profile=0, grappler=""):
   try:
     _instrument(phases, step_fn, loss_fn)
     return _measure_step(name, config, step_fn, phases, session, profile,
-                         grappler, t_import, t_session)
+                         grappler, t_import, t_session, later_steps)
   finally:
     phases.restore()
 
 
 def _measure_step(name, config, step_fn, phases, session, profile,
-                  grappler, t_import, t_session):
+                  grappler, t_import, t_session, later_steps):
   """Traces and runs step_fn twice; the measurement dict."""
   import tempfile
   import tensorflow as tf
@@ -228,6 +240,17 @@ def _measure_step(name, config, step_fn, phases, session, profile,
   out = step_fn({k: tf.constant(v) for k, v in data.train_batch(1).items()})
   float(out["loss"])
   t_second, c_second = time.perf_counter() - t4, time.process_time() - c4
+  # Later steps: the step's own compute once TensorFlow has warmed its
+  # kernels and allocator (a median, so one slow step on a shared machine
+  # does not count).
+  later, later_cpu = [], []
+  for i in range(later_steps):
+    feed = {k: tf.constant(v) for k, v in data.train_batch(2 + i).items()}
+    t5, c5 = time.perf_counter(), time.process_time()
+    out = step_fn(feed)
+    float(out["loss"])
+    later.append(time.perf_counter() - t5)
+    later_cpu.append(time.process_time() - c5)
   phase_s = {k: round(v, 4) for k, v in sorted(phases.seconds.items())}
   phase_s["outer_trace_other"] = round(t_trace - sum(phases.seconds.values()),
                                        4)
@@ -247,6 +270,11 @@ def _measure_step(name, config, step_fn, phases, session, profile,
       "first_step_s": round(t_trace + t_first, 3),
       "trace_s": round(t_trace, 3), "first_run_s": round(t_first, 3),
       "second_step_s": round(t_second, 3),
+      "later_step_s": (round(statistics.median(later), 3) if later
+                       else None),
+      "later_step_cpu_s": (round(statistics.median(later_cpu), 3) if later
+                           else None),
+      "later_steps": later_steps,
       # CPU seconds of every thread of the process: less sensitive than
       # wall time to other jobs on a shared machine.
       "first_step_cpu_s": round(c_trace + c_first, 3),
@@ -259,6 +287,9 @@ def _measure_step(name, config, step_fn, phases, session, profile,
       "variables": len(graph.all_variables),
       "tf_ops_per_device_program": len(
           mf.lowering.program.graph.get_operations()),
+      "tf_op_types_top": collections.Counter(
+          op.type for op in mf.lowering.program.graph.get_operations()
+      ).most_common(12),
       "loss": float(out["loss"]), "grappler": grappler or "default",
       "host": platform.node(), "cpus": os.cpu_count(),
       "load_1min": round(os.getloadavg()[0], 2),
@@ -282,12 +313,12 @@ def _top(profiler, n):
 
 
 # --- the driver ------------------------------------------------------------------
-def _child(tree, name, profile, timeout, grappler=""):
+def _child(tree, name, profile, timeout, grappler="", later_steps=3):
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
   cmd = [sys.executable, os.path.abspath(__file__), "--child=" + name,
          "--tree=" + tree, "--profile=%d" % profile,
-         "--grappler=" + grappler]
+         "--grappler=" + grappler, "--later-steps=%d" % later_steps]
   r = subprocess.run(cmd, env=env, cwd=tree, capture_output=True, text=True,
                      timeout=timeout)
   lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
@@ -310,12 +341,15 @@ def main(argv=None):
   parser.add_argument("--grappler", default="",
                       help="Grappler options for every run, e.g. "
                       "disable_meta_optimizer=true (to measure its share)")
+  parser.add_argument("--later-steps", type=int, default=3,
+                      help="steps after the second to time (median)")
   parser.add_argument("--child", default="", help=argparse.SUPPRESS)
   parser.add_argument("--tree", default=ROOT, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.child:
     sys.path.insert(0, args.tree)
-    print(json.dumps(measure(args.child, args.profile, args.grappler)),
+    print(json.dumps(measure(args.child, args.profile, args.grappler,
+                             args.later_steps)),
           flush=True)
     return 0
   names = [n for n in args.cases.split(",") if n]
@@ -334,7 +368,7 @@ def main(argv=None):
       order = trees if r % 2 == 0 else trees[::-1]
       for label, tree in order:
         result = _child(tree, name, args.profile, args.timeout,
-                        args.grappler)
+                        args.grappler, args.later_steps)
         result.update(tree=label, round=r)
         print(json.dumps(result, sort_keys=True), flush=True)
         results.setdefault((name, label), []).append(result)
@@ -346,9 +380,11 @@ def main(argv=None):
       summary = {"bench": "first_step_summary", "case": name, "tree": label,
                  "rounds": len(ok)}
       for key in ("first_step_s", "trace_s", "first_run_s",
-                  "second_step_s", "first_step_cpu_s", "trace_cpu_s",
+                  "second_step_s", "later_step_s", "first_step_cpu_s", "trace_cpu_s",
                   "first_run_cpu_s"):
-        values = [x[key] for x in ok]
+        values = [x[key] for x in ok if x.get(key) is not None]
+        if not values:
+          continue
         summary[key] = {"median": statistics.median(values),
                         "min": min(values), "max": max(values)}
       for key in ("phases_s", "phases_cpu_s"):

@@ -28,6 +28,7 @@ from tensorflow.python.eager import context as tf_context
 
 from meshtf.lowering import cluster
 from meshtf.lowering import constants
+from meshtf.lowering import grappler as grappler_lib
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.lowering import simd_collectives
@@ -207,6 +208,10 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       TF 2.21 compiles that only without collectives (a 1-processor mesh) or,
       on GPUs, with whole-mesh sum-allreduces only (data parallelism); other
       programs raise ValueError naming the collective when traced.
+    grappler: TensorFlow's graph optimizer on the step's functions:
+      "default" (TensorFlow's passes) or "off"; None: "off" on a mesh of
+      CPUs without XLA, else "default" (meshtf/lowering/grappler.py: a
+      T5-small-sized step's first run spent most of its time there).
 
   Example:
     >>> impl = mtf.SimdMeshImpl("all:2", "batch:all", mtf.gpu_devices()[:2],
@@ -218,7 +223,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   is_spmd = True
 
   def __init__(self, shape, layout, devices, collective_timeout_seconds=600.0,
-               communication_hint=None, jit_compile=False):
+               communication_hint=None, jit_compile=False, grappler=None):
     super().__init__(shape, layout, devices)
     # Decided once here; MeshFunction may override them for its traces.
     self._options = {
@@ -227,7 +232,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
                 communication_hint, "SimdMeshImpl") or
             simd_collectives.default_communication_hint(self.devices)),
         "jit_compile": simd_collectives.check_jit_compile(
-            jit_compile, "SimdMeshImpl") or ""}
+            jit_compile, "SimdMeshImpl") or "",
+        # None: decided from the devices and jit_compile when asked.
+        "grappler": grappler_lib.check_grappler(grappler, "SimdMeshImpl")}
     self._overrides = []
     # Each processor's rank among all devices in TF's collective order.
     keys = [device_rank_key(d) for d in devices]
@@ -271,8 +278,27 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       "communication_hint"))
   jit_compile = property(lambda self: self._option("jit_compile"))
 
+  @property
+  def grappler(self):
+    """"default" or "off": Grappler on the step's functions (see
+    meshtf/lowering/grappler.py)."""
+    return self._option("grappler") or grappler_lib.default_grappler(
+        self.devices, self.jit_compile)
+
+  def call_options(self):
+    """Context manager: tf.function calls in its body (eager calls, and
+    call ops added to a graph) instantiate with this impl's Grappler mode.
+    MeshFunction calls its step in it.
+
+    Example:
+      >>> with impl.call_options():
+      ...   out = my_step(x)
+    """
+    return grappler_lib.call_options(self.grappler)
+
   @contextlib.contextmanager
-  def program_options(self, communication_hint=None, jit_compile=None):
+  def program_options(self, communication_hint=None, jit_compile=None,
+                      grappler=None):
     """Within the body, programs traced use these options instead of the
     impl's (None: the impl's). MeshFunction wraps its traces in it.
 
@@ -284,7 +310,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         "communication_hint": simd_collectives.check_communication_hint(
             communication_hint, "program_options"),
         "jit_compile": simd_collectives.check_jit_compile(
-            jit_compile, "program_options")})
+            jit_compile, "program_options"),
+        "grappler": grappler_lib.check_grappler(grappler,
+                                                "program_options")})
     try:
       yield self
     finally:
@@ -362,16 +390,19 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
 
     def launch_all():
       outs = [None] * self.size
-      for p in local:
-        with tf.device(self._devices[p]):
-          outs[p] = program(tf.constant(p, tf.int32), tokens[p].handle,
-                            *per_device_args[p])
+      # The call ops carry the Grappler mode that each device's program is
+      # instantiated with.
+      with self.call_options():
+        for p in local:
+          with tf.device(self._devices[p]):
+            outs[p] = program(tf.constant(p, tf.int32), tokens[p].handle,
+                              *per_device_args[p])
       return outs
 
     if tf.executing_eagerly():
       # Eager calls would run one device at a time and the first collective
       # would wait forever for its peers: launch them all in one graph.
-      with self.collective_watchdog() as watch:
+      with self.collective_watchdog() as watch, self.call_options():
         try:
           return tf.function(launch_all, autograph=False)()
         except (tf.errors.DeadlineExceededError,

@@ -15,7 +15,8 @@ import first_step  # noqa: E402
 
 def test_cases_are_valid_configs_of_the_binary():
   from meshtf.train import config as config_lib
-  assert {"lm_tiny", "t5_small"} <= set(first_step.CASES)
+  assert {"lm_tiny", "t5_small", "t5_small_dropout"} <= set(first_step.CASES)
+  assert first_step.CASES["t5_small_dropout"]().dropout_rate == 0.1
   t5 = first_step.CASES["t5_small"]()
   assert (t5.model_type, t5.num_layers, t5.num_decoder_layers, t5.d_model,
           t5.num_heads, t5.d_kv, t5.d_ff) == ("bitransformer", 6, 6, 512, 8,
@@ -51,7 +52,8 @@ def test_unknown_case_is_one_line():
                          "--cases=nope"], cwd=ROOT, capture_output=True,
                         text=True, timeout=300)
   assert proc.returncode == 2
-  assert "unknown case nope: the cases are lm_tiny, t5_small" in proc.stderr
+  assert ("unknown case nope: the cases are lm_tiny, t5_small, "
+          "t5_small_dropout") in proc.stderr
 
 
 def test_a_measurement_has_every_phase():
