@@ -363,7 +363,10 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       shared = (constants.shared_in(tf.compat.v1.get_default_graph())
                 if jit != "segments" else contextlib.nullcontext())
       try:
-        with _jit_scope(jit == "segments"), shared:
+        # call_options: function calls inside the program (the shared
+        # random generators, rng.shared_function) instantiate with this
+        # impl's Grappler mode too.
+        with _jit_scope(jit == "segments"), shared, self.call_options():
           return list(body(*args[n_handles:]))
       finally:
         self._ctx = None
