@@ -51,7 +51,11 @@ def gradients(ys, xs, grad_ys=None, operations=None):
   def total(t):
     if t not in summed:
       parts = pending.get(t)
+      first = len(graph.operations)
       summed[t] = None if not parts else _sum(parts)
+      for new_op in graph.operations[first:]:
+        if new_op.gradient_of is None:
+          new_op.gradient_of = t
     return summed[t]
 
   for op in reversed(operations):
@@ -69,6 +73,9 @@ def gradients(ys, xs, grad_ys=None, operations=None):
     kept = [g if (g is not None and t in downstream) else None
             for t, g in zip(op.inputs, in_grads)]
     _drop_unused(graph, first_new, [g for g in kept if g is not None])
+    for new_op in graph.operations[first_new:]:
+      if new_op.forward_op is None:   # an inner mtf.gradients set its own
+        new_op.forward_op = op
     for t, g in zip(op.inputs, kept):
       if g is not None:
         pending.setdefault(t, []).append(g)

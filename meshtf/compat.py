@@ -11,6 +11,11 @@ Two ways to port Mesh TensorFlow (0.1.21) code:
    to meshtf; its library modules (layers.py, transformer/*.py, ...) load
    from the installed `mesh-tensorflow` package on top of meshtf's core.
 
+Either way Mesh TF's layout-rule semantics hold under `mesh_tensorflow`:
+`LayoutRules`, `convert_to_layout_rules`, `MeshImpl` and the two mesh impls
+treat a rule naming a mesh axis the mesh lacks as inactive (one warning), as
+T5's default rules expect; meshtf's own MeshLayout refuses it.
+
 Call it before the first `import mesh_tensorflow`.
 
 Example:
@@ -73,6 +78,18 @@ def _namespace_module(name, source, path=None):
       setattr(module, key, value)
   if path is not None:
     module.__path__ = [path]
+  return module
+
+
+def _mesh_tf_ops_module(name, meshtf, path=None):
+  """A copy of the meshtf facade as Mesh TF's ops.py namespace: its
+  LayoutRules and MeshImpl are Mesh TF's (rules naming a mesh axis the mesh
+  lacks are inactive, as in Mesh TF; meshtf's own MeshLayout refuses them).
+  mtf.convert_to_layout_rules is Mesh TF's in the facade already."""
+  from meshtf.ops import mesh_tf_helpers  # pylint: disable=g-import-not-at-top
+  module = _namespace_module(name, meshtf, path)
+  module.LayoutRules = mesh_tf_helpers.LayoutRules
+  module.MeshImpl = mesh_tf_helpers.MeshImpl
   return module
 
 
@@ -159,7 +176,7 @@ def install(library=False):
   aliases = dict(_CORE)
   if not library:
     aliases.update(_LIBRARY)
-  top = _namespace_module(_PACKAGE, meshtf, package_dir)
+  top = _mesh_tf_ops_module(_PACKAGE, meshtf, package_dir)
   top.__meshtf_compat__ = mode
   lazy = {"layers", "optimize", "beam_search", "transformer"}
   for name in ("layers", "optimize"):
@@ -184,7 +201,7 @@ def install(library=False):
   for sub, target in aliases.items():
     module = importlib.import_module(target)
     if target == "meshtf":
-      module = _namespace_module(_PACKAGE + "." + sub, meshtf)
+      module = _mesh_tf_ops_module(_PACKAGE + "." + sub, meshtf)
     full = _PACKAGE + "." + sub
     sys.modules[full] = module
     parent = sys.modules[full.rsplit(".", 1)[0]]

@@ -250,6 +250,13 @@ class Operation(object):
   # adjoint of mtf.shard); layout_label names the annotation in errors.
   layout_spec = None
   layout_source = None
+  # Set by mtf.gradients (meshtf/autodiff.py) for the sharding completion
+  # (meshtf/layouts/completion.py): forward_op is the operation whose
+  # gradient rule made this one (the backward op then lowers under that
+  # operation's layout); gradient_of the tensor whose gradient this op
+  # sums (the parts of a gradient read by several operations).
+  forward_op = None
+  gradient_of = None
 
   @property
   def layout_label(self):
@@ -259,6 +266,13 @@ class Operation(object):
     """Sets of dim names, beyond each input's and output's, that must split
     over distinct mesh axes when a computation layout is chosen (einsum:
     all its dims)."""
+    return ()
+
+  def layout_factors(self):
+    """(input dim name, output dim name) pairs that are one index space
+    under two names (a reshape's renamed or major dims): the sharding
+    completion carries a split across them (meshtf/layouts/completion.py).
+    Dims of the same name are one index space already."""
     return ()
 
   def validate_layout(self, mesh_layout):

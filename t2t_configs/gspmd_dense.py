@@ -7,10 +7,14 @@ parameters per layer (attention + feed-forward); Adafactor. The 1T row is
 4x wider per layer (M 16384, H 131072, N 256). Table 3 ("narrow"): M 4096,
 H 16384, N 64, D 128, 64 layers, 16B parameters.
 
-Sharding (GSPMD Table 1, on the (X, Y) mesh). The layout rules lay out the
-weights; GSPMD's activation annotations are config.activation_layout,
-which the Transformer's layers apply to the residual stream (BSM), the
-attention projections (BSND) and the feed-forward hidden (BSH):
+Sharding (GSPMD Table 1, on the (X, Y) mesh). GSPMD annotates the
+weights: here config.variable_layout, the weights' own rules (the layout
+rules are the same, the default for everything nothing annotates); its
+activation annotations are config.activation_layout, which the
+Transformer's layers apply to the residual stream (BSM), the attention
+projections (BSND) and the feed-forward hidden (BSH). The sharding
+completion (meshtf/layouts/completion.py) lays out the rest, the backward
+pass included:
 
   variant     layout (weights)                   activation_layout
   finalized   d_model:x;d_ff:y;heads:y;vocab:y   batch:x;d_model:y;d_ff:y;heads:y
@@ -101,6 +105,7 @@ def get_config(arg="64B_16x32"):
   c.moe.num_experts = 0
   c.mesh_shape = "x:%d;y:%d" % (x, y)
   c.layout, c.activation_layout = VARIANTS[variant]
+  c.variable_layout = c.layout      # GSPMD's weight annotations
   c.optimizer = "adafactor"
   c.plan_hardware = "tpuv3"         # --mode=plan: the paper's TPU v3 cores
   c.learning_rate = 0.01

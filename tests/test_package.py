@@ -25,7 +25,10 @@ def test_mesh_tensorflow_names():
                "import_fully_replicated", "get_variable", "einsum",
                "reduce_sum", "gradients", "Lowering", "PlacementMeshImpl"]:
     assert hasattr(mtf, name), name
-  assert mtf.placement_mesh_impl.PlacementMeshImpl is mtf.PlacementMeshImpl
+  # Mesh TF's constructors: meshtf's classes with Mesh TF's rule semantics.
+  assert issubclass(mtf.placement_mesh_impl.PlacementMeshImpl,
+                    mtf.PlacementMeshImpl)
+  assert issubclass(mtf.simd_mesh_impl.SimdMeshImpl, mtf.SimdMeshImpl)
 
 
 def test_graph_names_unique():

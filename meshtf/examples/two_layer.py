@@ -105,8 +105,7 @@ def train(mesh_shape, layout, batch_size, d_io, d_hidden, steps,
   mesh_shape = mtf.convert_to_shape(mesh_shape)
   impl_class = {"simd": mtf.SimdMeshImpl,
                 "placement": mtf.PlacementMeshImpl}[backend]
-  impl = impl_class(mesh_shape, mtf.convert_to_layout_rules(layout),
-                    devices[:mesh_shape.size])
+  impl = impl_class(mesh_shape, layout, devices[:mesh_shape.size])
   batch, io, hidden = dims(batch_size, d_io, d_hidden)
   step = mtf.MeshFunction(sgd_step_builder(batch, io, hidden, learning_rate),
                           impl, seed=seed)

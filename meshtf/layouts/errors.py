@@ -5,6 +5,11 @@ class LayoutError(ValueError):
   """A mesh shape / layout combination that cannot be lowered."""
 
 
+class InactiveLayoutRuleWarning(UserWarning):
+  """Mesh TensorFlow-style layout rules name a mesh axis the mesh lacks;
+  those rules do nothing on that mesh (layout_rules.rules_on_mesh)."""
+
+
 def describe_mesh(mesh_shape):
   return "'" + ";".join("%s:%d" % (d.name, d.size) for d in mesh_shape.dims) + "'"
 

@@ -5,6 +5,14 @@ axes in order ("batch:rows+cols": GSPMD's tiling of one dim over several
 mesh dims; the first axis is the major one, so processor (r, c) holds
 stripe r * |cols| + c of the batch).
 
+A rule naming a mesh axis the mesh lacks is an error (a typo should be
+caught) unless the rules say `absent_axes="inactive"`: Mesh TensorFlow's
+semantics, where such a rule simply does nothing on that mesh (T5's
+defaults name "ensemble", "batch" and "model" and run on meshes with any of
+them). Mesh TF's entry points (mtf.convert_to_layout_rules, the Mesh TF
+MeshImpl constructors, meshtf.compat.install()) make inactive-mode rules;
+MeshLayout keeps the rules a mesh uses (rules_on_mesh) and warns once.
+
 Example:
   >>> rules = convert_to_layout_rules("batch:rows;hidden:cols")
   >>> sorted(rules.pairs)
@@ -13,6 +21,7 @@ Example:
   ('x', 'y')
 """
 import re
+import warnings
 
 from meshtf.layouts import errors
 
@@ -53,16 +62,31 @@ def parse_axes(value, what="layout rule"):
   return names
 
 
+# What a rule naming a mesh axis the mesh lacks does: "error" (meshtf's
+# MeshLayout and binary) or "inactive" (Mesh TensorFlow's semantics).
+ABSENT_AXES = ("error", "inactive")
+
+
 class LayoutRules(object):
   """A set of (tensor dimension name, mesh axes) pairs. The axes are one
   mesh axis name, or several joined by '+' (major first).
+
+  Args:
+    pairs: (dim name, axes) pairs.
+    absent_axes: "error" (default): a MeshLayout refuses a rule naming an
+      axis its mesh lacks; "inactive": such a rule does nothing on that mesh
+      (Mesh TensorFlow's semantics), with one warning naming it.
 
   Example:
     >>> LayoutRules([("batch", "all")]).mesh_axis_name("batch")
     'all'
   """
 
-  def __init__(self, pairs):
+  def __init__(self, pairs, absent_axes="error"):
+    if absent_axes not in ABSENT_AXES:
+      raise ValueError("LayoutRules: absent_axes=%r; use one of %s"
+                       % (absent_axes, ABSENT_AXES))
+    self.absent_axes = absent_axes
     self._pairs = []
     by_dim = {}
     for pair in pairs:
@@ -88,6 +112,38 @@ class LayoutRules(object):
       by_dim[dim_name] = axes
       self._pairs.append((dim_name, text))
     self._by_dim = by_dim
+
+  def with_absent_axes(self, absent_axes):
+    """These rules with another absent-axis policy (see ABSENT_AXES).
+
+    Example:
+      >>> convert_to_layout_rules("batch:b").with_absent_axes(
+      ...     "inactive").absent_axes
+      'inactive'
+    """
+    if absent_axes == self.absent_axes:
+      return self
+    return LayoutRules(self._pairs, absent_axes)
+
+  def split_by_mesh(self, mesh_shape):
+    """(rules whose axes mesh_shape has, as LayoutRules; the other pairs).
+
+    Example:
+      >>> from meshtf.shapes import convert_to_shape
+      >>> active, inactive = convert_to_layout_rules(
+      ...     "batch:batch;heads:model").split_by_mesh(
+      ...         convert_to_shape("batch:8"))
+      >>> active.pairs, inactive
+      ([('batch', 'batch')], [('heads', 'model')])
+    """
+    names = {d.name for d in mesh_shape.dims}
+    active, inactive = [], []
+    for dim_name, text in self._pairs:
+      ok = all(a in names for a in self._by_dim[dim_name])
+      (active if ok else inactive).append((dim_name, text))
+    if not inactive:
+      return self.with_absent_axes("error"), []
+    return LayoutRules(active), inactive
 
   @property
   def pairs(self):
@@ -152,8 +208,13 @@ class LayoutRules(object):
             if mesh_dim_name in axes]
 
   def __repr__(self):
-    return "LayoutRules(%r)" % ";".join("%s:%s" % p for p in self._pairs)
+    extra = ("" if self.absent_axes == "error"
+             else ", absent_axes=%r" % self.absent_axes)
+    return "LayoutRules(%r%s)" % (";".join("%s:%s" % p for p in self._pairs),
+                                  extra)
 
+  # Equal rules map every dim alike; the absent-axis policy is not compared
+  # (it decides only what a mesh lacking an axis does with them).
   def __eq__(self, other):
     return isinstance(other, LayoutRules) and set(self._pairs) == set(other._pairs)
 
@@ -192,6 +253,40 @@ def convert_to_layout_rules(x):
       pairs.append((parts[0], parts[1]))
     return LayoutRules(pairs)
   return LayoutRules(list(x))
+
+
+def rules_on_mesh(layout_rules, mesh_shape, warn=True):
+  """The rules mesh_shape uses. Rules whose absent_axes is "error": all of
+  them, after validate_layout_rules (LayoutError naming a rule with an axis
+  the mesh lacks). "inactive" (Mesh TensorFlow's semantics): those whose
+  axes the mesh has, with one warning naming the others.
+
+  Example:
+    >>> from meshtf.shapes import convert_to_shape
+    >>> rules = convert_to_layout_rules("batch:batch;heads:model")
+    >>> rules_on_mesh(rules.with_absent_axes("inactive"),
+    ...               convert_to_shape("batch:8"), warn=False).pairs
+    [('batch', 'batch')]
+  """
+  if layout_rules.absent_axes == "error":
+    validate_layout_rules(layout_rules, mesh_shape)
+    return layout_rules
+  active, inactive = layout_rules.split_by_mesh(mesh_shape)
+  if inactive and warn:
+    axes = sorted({a for dim, _ in inactive
+                   for a in layout_rules.mesh_axis_names(dim)
+                   if a not in {d.name for d in mesh_shape.dims}})
+    warnings.warn(
+        "Layout rule%s %s name%s mesh ax%s %s that mesh %s lacks: inactive "
+        "on this mesh, as in Mesh TensorFlow (those dims are not split by "
+        "them). meshtf's MeshLayout and binary refuse such rules."
+        % ("s" if len(inactive) > 1 else "",
+           ", ".join("'%s:%s'" % p for p in inactive),
+           "" if len(inactive) > 1 else "s",
+           "es" if len(axes) > 1 else "is", ", ".join(map(repr, axes)),
+           errors.describe_mesh(mesh_shape)),
+        errors.InactiveLayoutRuleWarning, stacklevel=3)
+  return active
 
 
 def validate_layout_rules(layout_rules, mesh_shape):

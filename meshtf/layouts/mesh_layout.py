@@ -116,7 +116,9 @@ class MeshLayout(object):
       convert_to_layout_rules, e.g. "batch:rows;hidden:cols".
 
   Raises LayoutError (naming the rule, the axis and the fix) when a rule
-  names an axis the mesh lacks or the mesh has a size below 1.
+  names an axis the mesh lacks or the mesh has a size below 1; rules made
+  with absent_axes="inactive" (Mesh TensorFlow's, e.g. from
+  mtf.convert_to_layout_rules) drop such a rule instead, with one warning.
   """
 
   def __init__(self, mesh_shape, layout_rules=None, variable_rules=None):
@@ -127,12 +129,14 @@ class MeshLayout(object):
             "Mesh %s: axis %r has size %d; every mesh axis needs a size of "
             "at least 1 (e.g. 'data:4;model:2')"
             % (errors.describe_mesh(self._mesh), d.name, d.size))
-    self._rules = rules_lib.convert_to_layout_rules(layout_rules)
-    rules_lib.validate_layout_rules(self._rules, self._mesh)
+    # The rules this mesh uses: inactive-mode (Mesh TF) rules naming an
+    # axis the mesh lacks are dropped here, with one warning.
+    self._rules = rules_lib.rules_on_mesh(
+        rules_lib.convert_to_layout_rules(layout_rules), self._mesh)
     self._variable_rules = None
     if variable_rules is not None:
-      self._variable_rules = rules_lib.convert_to_layout_rules(variable_rules)
-      rules_lib.validate_layout_rules(self._variable_rules, self._mesh)
+      self._variable_rules = rules_lib.rules_on_mesh(
+          rules_lib.convert_to_layout_rules(variable_rules), self._mesh)
     self._axis_of_name = {d.name: i for i, d in enumerate(self._mesh.dims)}
     self._layouts = {}
     self._splits = {}
@@ -145,8 +149,9 @@ class MeshLayout(object):
     """mesh_shape itself if it is a MeshLayout (layout_rules must then be
     None or its rules), else MeshLayout(mesh_shape, layout_rules)."""
     if isinstance(mesh_shape, MeshLayout):
-      if layout_rules is not None and (rules_lib.convert_to_layout_rules(
-          layout_rules) != mesh_shape.layout_rules):
+      if layout_rules is not None and (rules_lib.rules_on_mesh(
+          rules_lib.convert_to_layout_rules(layout_rules),
+          mesh_shape.mesh_shape, warn=False) != mesh_shape.layout_rules):
         raise ValueError("Pass either a MeshLayout or (mesh shape, layout "
                          "rules), not a MeshLayout and other rules")
       return mesh_shape
@@ -166,9 +171,10 @@ class MeshLayout(object):
     rules = rules_lib.convert_to_layout_rules(layout_rules)
     if rules == self._rules and self._variable_rules is None:
       return self
-    if rules not in self._derived:
-      self._derived[rules] = MeshLayout(self._mesh, rules)
-    return self._derived[rules]
+    key = (rules, rules.absent_axes)   # equal rules may differ in policy
+    if key not in self._derived:
+      self._derived[key] = MeshLayout(self._mesh, rules)
+    return self._derived[key]
   ndims = property(lambda self: self._mesh.ndims)
   size = property(lambda self: self._mesh.size)
 

@@ -12,8 +12,9 @@ Per old split dim a (over mesh axes A) and the new dim b over the same A:
   b split, A free                     allsplit: a local slice per axis,
                                       major first (an uneven b is padded
                                       first), no communication
-  A one axis, and an unsplit old dim  alltoall: the twin's stripes go to the
-  (the "twin") slices like b          peers, a's stripes arrive
+  A (one axis, or several in mesh     alltoall over all of A: the twin's
+  order) and an unsplit old dim (the  stripes go to the peers, a's arrive
+  "twin") slices like b
   otherwise                           allconcat, then allsplit
 
 "Select the same elements" is Mesh TensorFlow's cumprod rule: two dims with
@@ -42,7 +43,9 @@ RelayoutStep = collections.namedtuple(
     "RelayoutStep",
     ["kind",                 # allconcat | alltoall | allsplit |
                              # reduce_scatter | reshape
-     "mesh_axis",            # the mesh axis (None for reshape)
+     "mesh_axis",            # the mesh axis (None for reshape; a tuple of
+                             # axes, major first, for an alltoall over
+                             # several)
      "split_axis",           # tensor axis split (allsplit, alltoall)
      "concat_axis",          # tensor axis gathered (allconcat, alltoall)
      "concat_size",          # true size of a fully gathered dim (cuts the
@@ -52,6 +55,12 @@ RelayoutStep = collections.namedtuple(
      "group_size",           # processors in each group (1 for local steps)
      "elements_per_device",  # elements of the slice each device puts in
      "bytes_per_device"])    # bytes each device sends
+
+
+def step_axes(step):
+  """The mesh axes of a step as a tuple (an alltoall may span several)."""
+  m = step.mesh_axis
+  return tuple(m) if isinstance(m, tuple) else () if m is None else (m,)
 
 
 def collective_bytes(kind, group_size, elements, itemsize):
@@ -117,8 +126,9 @@ class RelayoutPlan(object):
         lines.append("allsplit tensor axis %d over mesh axis %d (local)" % (
             s.split_axis, s.mesh_axis))
       else:
-        lines.append("%s over mesh axis %d (%d processors): %d bytes per "
-                     "device" % (s.kind, s.mesh_axis, s.group_size,
+        lines.append("%s over mesh axis %s (%d processors): %d bytes per "
+                     "device" % (s.kind, "+".join(
+                         str(a) for a in step_axes(s)), s.group_size,
                                  s.bytes_per_device))
     return lines
 
@@ -165,7 +175,7 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
   steps, held = [], {}   # held: new dim -> the axes its slices split over
 
   def collective(kind, m, split_axis, concat_axis, sent_shape, concat_size):
-    n = size(m)
+    n = shards(m) if isinstance(m, tuple) else size(m)
     elements = _prod(sent_shape)
     steps.append(RelayoutStep(
         kind, m, split_axis, concat_axis, concat_size, None, tuple(local), n,
@@ -200,9 +210,11 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
         held[b] = prefix
         old_axes[a] = prefix
         continue
-      if len(axes) == 1 and new_axes[b] == axes:
-        # The axis moves to a dim that an unsplit old dim (the twin)
-        # slices like b: its stripes travel to the peers, a's arrive.
+      if new_axes[b] == axes and list(axes) == sorted(axes):
+        # The axes move to a dim that an unsplit old dim (the twin)
+        # slices like b: its stripes travel to the peers, a's arrive -- one
+        # alltoall over the group of all the axes (in mesh order, so the
+        # group's order is the stripes' order), (n-1)/n of the slice.
         n = shards(axes)
         twin = _twin(old_shape, old_pos, size_b, new_pos[b], n)
         if twin is not None and not old_axes[twin]:
@@ -210,7 +222,8 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
           sent[twin] = n * shard_size(old_shape.dims[twin].size, n)
           local[twin] = shard_size(old_shape.dims[twin].size, n)
           local[a] = size_a
-          collective("alltoall", axes[0], twin, a, sent, size_a)
+          collective("alltoall", axes[0] if len(axes) == 1 else axes, twin,
+                     a, sent, size_a)
           old_axes[a], old_axes[twin] = (), axes
           held[b] = axes
           continue

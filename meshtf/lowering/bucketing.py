@@ -153,11 +153,15 @@ class Bucketer(object):
     for raw in sums:
       self._queued.discard(id(raw))
     if len(sums) < 2:
-      for raw in sums:
-        raw.to_laid_out_tensor()
+      for t, raw in bucket.members:
+        if not raw.materialized:
+          with self._lowering.cause("reduce", tensor=t):
+            raw.to_laid_out_tensor()
       return
     impl = sums[0].mesh_impl
-    reduced = sums[0].record_while(lambda: impl.allreduce_bucket(
-        [s.laid_out for s in sums], list(sums[0].mesh_axes), "SUM"))
+    tensors = [t for t, raw in bucket.members if not raw.materialized]
+    with self._lowering.cause("bucket", tensors=tensors):
+      reduced = sums[0].record_while(lambda: impl.allreduce_bucket(
+          [s.laid_out for s in sums], list(sums[0].mesh_axes), "SUM"))
     for raw, value in zip(sums, reduced):
       raw.set_result(value)

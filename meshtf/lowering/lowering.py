@@ -15,11 +15,13 @@ Example:
   8.0
 """
 import collections
+import contextlib
 import re
 
 import tensorflow as tf
 
 from meshtf import graph as graph_lib
+from meshtf.layouts import reasons as reasons_lib
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import bucketing
 from meshtf.lowering import variables as variables_lib
@@ -90,33 +92,61 @@ def all_operations(operations):
       yield from all_operations(op.inner_operations)
 
 
+def renamed_source(tensor, layout_of):
+  """x when tensor is a rename of x (a reshape that keeps every size in
+  order: only names change) laid out alike, dim by dim, so that relaying
+  one is relaying the other; else None. layout_of: tensor -> MeshLayout."""
+  op = tensor.operation
+  if len(op.inputs) != 1 or len(op.outputs) != 1 or not op.layout_factors():
+    return None
+  x = op.inputs[0]
+  if x.shape.to_integer_list != tensor.shape.to_integer_list:
+    return None
+  if layout_of(x).tensor_layout(x.shape) != layout_of(tensor).tensor_layout(
+      tensor.shape):
+    return None
+  return x
+
+
 class _TensorMap(dict):
   """tensor -> laid-out value in the tensor's own layout; reading
   materialises pending sums. While an operation lowers under a computation
   layout (`current`), reading an input gives its value relaid into that
-  layout (Lowering.lower_operation makes them)."""
+  layout (Lowering.lower_operation makes them). Relaid values are kept per
+  tensor layout, so every reader that wants one layout of a tensor shares
+  one relayout (the forward's gathers serve the backward pass too)."""
 
-  def __init__(self):
+  def __init__(self, lowering=None):
     super().__init__()
     self.current = None
-    self.relaid = {}   # (tensor, MeshLayout) -> laid-out value
+    self.relaid = {}   # tensor -> {TensorLayout: laid-out value}
+    self._lowering = lowering
 
   def __getitem__(self, key):
     value = self.raw(key)
     if isinstance(value, PendingSum):
-      return value.to_laid_out_tensor()
+      if value.materialized or self._lowering is None:
+        return value.to_laid_out_tensor()
+      with self._lowering.cause("reduce", tensor=key):
+        return value.to_laid_out_tensor()
     return value
 
+  def relaid_value(self, key, layout):
+    """The value of tensor key relaid into MeshLayout layout, or None."""
+    values = self.relaid.get(key)
+    if not values or layout is None:
+      return None
+    return values.get(layout.tensor_layout(key.shape))
+
   def raw(self, key):
-    relaid = self.relaid.get((key, self.current))
+    relaid = self.relaid_value(key, self.current)
     if relaid is not None:
       return relaid
     return dict.__getitem__(self, key)
 
   def __setitem__(self, key, value):
     dict.__setitem__(self, key, value)
-    for k in [k for k in self.relaid if k[0] is key]:
-      del self.relaid[k]
+    self.relaid.pop(key, None)
 
   def clear(self):
     dict.clear(self)
@@ -150,7 +180,8 @@ class Lowering(object):
     self.mesh_to_impl = dict(mesh_to_impl)
     self.variable_store = (variable_store if variable_store is not None
                            else variables_lib.VariableStore())
-    self.tensors = _TensorMap()
+    self.tensors = _TensorMap(self)
+    self._causes = []   # what the lowering is doing: reasons of collectives
     self.variables = {}
     self.operations = {}
     self._collectives = []
@@ -162,7 +193,7 @@ class Lowering(object):
     self._bucketer = bucketing.Bucketer(self, self.bucket_bytes, every_op,
                                         PendingSum)
     for impl in self.mesh_to_impl.values():
-      impl._recorder = self._collectives.append
+      impl._recorder = self._record
     try:
       program_impl = self._program_impl()
       if program_impl is not None:
@@ -201,6 +232,15 @@ class Lowering(object):
         mesh: self.mesh_impl(mesh).mesh_layout.assign(ops)
         for mesh, ops in by_mesh.items()}
 
+  @property
+  def graph_layout(self):
+    """The GraphLayout (layouts/assignment.py) of the graph's one mesh:
+    every operation's layout and the origin of each of its dims."""
+    if len(self._graph_layouts) != 1:
+      raise ValueError("graph_layout: this Lowering has %d meshes; use "
+                       "op_layout(op)" % len(self._graph_layouts))
+    return next(iter(self._graph_layouts.values()))
+
   def op_layout(self, op):
     """The MeshLayout (computation layout) op lowers under."""
     graph_layout = self._graph_layouts.get(op.mesh)
@@ -218,11 +258,13 @@ class Lowering(object):
     impl = self.mesh_impl(op)
     layout = self.op_layout(op)
     saved = self.tensors.current
-    with impl.using_layout(layout):
+    with impl.using_layout(layout), self.cause("computes", op):
       for t in dict.fromkeys(op.inputs):
-        self._relay(impl, t, layout)
+        with self.cause("relayout", op, t):
+          self._relay(impl, t, layout)
       for t, inner_layout in self._captured(op):
-        self._relay(impl, t, inner_layout)
+        with self.cause("relayout", op, t):
+          self._relay(impl, t, inner_layout)
       self.tensors.current = layout
       try:
         op.lower(self)
@@ -273,32 +315,48 @@ class Lowering(object):
   def _relay(self, impl, tensor, layout):
     """Makes tensor's value in `layout` available to readers under it."""
     own = self.layout_of(tensor)
-    if own is layout or (tensor, layout) in self.tensors.relaid:
+    if own is layout:
       return
     old = own.tensor_layout(tensor.shape)
     new = layout.tensor_layout(tensor.shape)
-    if old == new:
-      return
+    if old != new:
+      self._relay_to(impl, tensor, old, new)
+
+  def _relay_to(self, impl, tensor, old, new):
+    """tensor's value relaid from TensorLayout old (its own) to new, made
+    once and kept for every reader that wants new."""
+    kept = self.tensors.relaid.setdefault(tensor, {})
+    if new in kept:
+      return kept[new]
+    raw = dict.__getitem__(self.tensors, tensor)
+    source = renamed_source(tensor, self.layout_of)
+    if source is not None and not isinstance(raw, PendingSum) and \
+        not isinstance(dict.__getitem__(self.tensors, source), PendingSum):
+      # A rename's output relaid is its input relaid (the dims line up):
+      # one gather serves the readers of both (self-attention's keys and
+      # values read the gathered input of its queries).
+      kept[new] = self._relay_to(impl, source, old, new)
+      return kept[new]
     plan = impl.mesh_layout.relayout_plan(
         tensor.shape, tensor.shape, tensor.dtype.size, old, new)
-    raw = dict.__getitem__(self.tensors, tensor)
     if isinstance(raw, PendingSum) and not raw.materialized:
       # Partial sums whose new layout splits a summed axis: reduce-scatter
       # instead of allreduce + split (GSPMD Figure 7).
       fused, rest = relayout_lib.fuse_reduce_scatter(
           plan, raw.mesh_axes, tensor.dtype.size)
       if len(rest) < len(raw.mesh_axes):
-        value = raw.record_while(lambda: impl.allreduce(
-            impl.execute_relayout(raw.laid_out, fused), rest, "SUM"))
-        self.tensors.relaid[(tensor, layout)] = value
-        return
+        with self.cause("reduce_scatter", tensor=tensor):
+          kept[new] = raw.record_while(lambda: impl.allreduce(
+              impl.execute_relayout(raw.laid_out, fused), rest, "SUM"))
+        return kept[new]
     saved = self.tensors.current
     self.tensors.current = None
     try:
       value = self.tensors[tensor]
     finally:
       self.tensors.current = saved
-    self.tensors.relaid[(tensor, layout)] = impl.execute_relayout(value, plan)
+    kept[new] = impl.execute_relayout(value, plan)
+    return kept[new]
 
   def mesh_impl(self, m):
     """The MeshImpl of a Mesh, Tensor or Operation."""
@@ -321,8 +379,61 @@ class Lowering(object):
     raw = self.tensors.raw(tensor)
     if isinstance(raw, PendingSum) and (raw.materialized or
                                         self._consumers[tensor] > 1):
-      return raw.to_laid_out_tensor()
+      with self.cause("reduce", tensor=tensor):
+        return raw.to_laid_out_tensor()
     return raw
+
+  # --- why each collective exists -----------------------------------------
+  @contextlib.contextmanager
+  def cause(self, kind, op=None, tensor=None, tensors=None):
+    """Within the block, collectives are recorded with a Reason of `kind`
+    (layouts/reasons.py): op is the operation being lowered (by default
+    the enclosing cause's), tensor / tensors the ones moved."""
+    if self._causes:
+      outer = self._causes[-1]
+      if kind == "reduce" and outer[0] == "export":
+        kind = "export"   # the export's own reduction
+      if op is None:
+        op = outer[1]
+    self._causes.append((kind, op, tensor, tensors))
+    try:
+      yield
+    finally:
+      self._causes.pop()
+
+  def _record(self, record):
+    self._collectives.append((record, self._reason()))
+
+  def _reason(self):
+    """The Reason of a collective recorded now (None outside any cause)."""
+    if not self._causes:
+      return None
+    kind, op, tensor, tensors = self._causes[-1]
+    anchor = op or tensor or (tensors[0] if tensors else None)
+    graph_layout = self._graph_layouts.get(getattr(anchor, "mesh", None))
+    if graph_layout is None:
+      return None
+    if kind == "relayout":
+      return reasons_lib.relayout(graph_layout, op, tensor)
+    if kind in ("reduce", "reduce_scatter"):
+      return reasons_lib.reduce(graph_layout, op, tensor,
+                                kind == "reduce_scatter")
+    if kind == "bucket":
+      return reasons_lib.bucket(graph_layout, tensors)
+    if kind == "export":
+      return reasons_lib.reduce(graph_layout, None, tensor, where="(export)")
+    return reasons_lib.computes(graph_layout, op, "reshape" if type(
+        op).__name__ == "ReshapeOperation" else kind)
+
+  def explain(self, top=10):
+    """The collectives that send the most bytes, each with its reason: the
+    operation that emitted it and the two layouts that met, with their
+    origins (layouts/reasons.py).
+
+    Example:
+      >>> print(lowering.explain(top=5))
+    """
+    return reasons_lib.explain(self.collective_stats(), top)
 
   def lowered_operation(self, op):
     return self.operations.get(op)
@@ -352,7 +463,8 @@ class Lowering(object):
               "Lowering(..., outputs=[...])" if self.program is not None
               else "it is not a tensor of this Lowering's graph")))
     impl = self.mesh_impl(x)
-    with impl.using_layout(self.layout_of(x)):
+    with impl.using_layout(self.layout_of(x)), self.cause("export",
+                                                          tensor=x):
       return impl.export_to_tf_tensor(self.tensors[x], x.shape)
 
   def variable_value(self, var):
@@ -368,13 +480,17 @@ class Lowering(object):
 
     Returns a list of dicts with keys kind, mesh_axes, group_size,
     elements_per_device (of the slice each device puts in),
-    bytes_per_device (what each device sends: relayout.collective_bytes)
-    and count, ordered by first emission.
+    bytes_per_device (what each device sends: relayout.collective_bytes),
+    count, and reasons: one layouts.reasons.Reason per occurrence (the
+    operation that emitted it, the tensor, the layout it was held in and
+    the one wanted, with their origins; see explain()), ordered by first
+    emission.
     """
     counts = collections.OrderedDict()
-    for rec in self._collectives:
-      counts[rec] = counts.get(rec, 0) + 1
-    return [dict(rec._asdict(), count=n) for rec, n in counts.items()]
+    for rec, reason in self._collectives:
+      counts.setdefault(rec, []).append(reason)
+    return [dict(rec._asdict(), count=len(why), reasons=why)
+            for rec, why in counts.items()]
 
   def collective_summary(self):
     """A short human-readable table of collective_stats()."""

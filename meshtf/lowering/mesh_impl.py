@@ -10,7 +10,8 @@ for the communication itself:
 
   _allreduce(x, mesh_axes, "SUM"|"MAX"|"MIN")   x: a LaidOutTensor
   _allconcat(x, mesh_axis, concat_axis)          allgather along one axis
-  _alltoall(x, mesh_axis, split_axis, concat_axis)
+  _alltoall(x, mesh_axis, split_axis, concat_axis)   mesh_axis: one axis
+                                                 or a tuple in mesh order
   _receive(x, mesh_axis, source_pcoord)          collective permute
 
 plus slicewise(fn, *xs), laid_out_pcoord(axis) / laid_out_pnum() and the
@@ -331,14 +332,23 @@ class MeshImpl(object):
     """Stripes of split_axis go to the peers along mesh_axis; what arrives
     is concatenated along concat_axis. split_axis is padded to a multiple
     of the axis size; concat_size (the gathered dim's true size) cuts the
-    padding the concatenated stripes carry."""
-    n = self.shape.dims[mesh_axis].size
+    padding the concatenated stripes carry. mesh_axis may be a tuple of
+    axes in mesh order: one alltoall over the group of all of them (the
+    stripes in the group's row-major order), (n-1)/n of the slice."""
+    axes = [m for m in _axis_tuple(mesh_axis) if self.shape.dims[m].size > 1]
+    if list(axes) != sorted(axes):
+      raise ValueError("alltoall over mesh axes %s: give them in mesh order"
+                       % (list(axes),))
+    n = 1
+    for m in axes:
+      n *= self.shape.dims[m].size
     if n == 1:
       return x
     x = self.slicewise(lambda t: _pad_to(t, split_axis, n * -(
         -int(t.shape[split_axis]) // n)), x)
-    self._record("alltoall", [mesh_axis], x)
-    y = self._alltoall(x, mesh_axis, split_axis, concat_axis)
+    self._record("alltoall", axes, x)
+    y = self._alltoall(x, axes[0] if len(axes) == 1 else tuple(axes),
+                       split_axis, concat_axis)
     return self._cut(y, concat_axis, concat_size)
 
   def reduce_scatter(self, x, mesh_axis, split_axis, padded_size=None):

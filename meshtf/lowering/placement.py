@@ -77,9 +77,10 @@ class PlacementMeshImpl(mesh_impl_lib.MeshImpl):
     return self.LaidOutTensor(out)
 
   def _alltoall(self, x, mesh_axis, split_axis, concat_axis):
-    n = self.shape.dims[mesh_axis].size
+    axes = list(mesh_axis) if isinstance(mesh_axis, tuple) else [mesh_axis]
     out = [None] * self.size
-    for group in self.processor_groups([mesh_axis]):
+    for group in self.processor_groups(axes):
+      n = len(group)
       pieces = []
       for p in group:
         with self._on(p):

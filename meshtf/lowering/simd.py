@@ -710,7 +710,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
                                        self.group_index(table), args)
 
   def _alltoall_slice(self, t, mesh_axis, split_axis, concat_axis):
-    table, args = self._collective_args([mesh_axis], "alltoall")
+    # One axis, or a tuple of axes in mesh order (one group over all).
+    axes = list(mesh_axis) if isinstance(mesh_axis, tuple) else [mesh_axis]
+    table, args = self._collective_args(axes, "alltoall")
     return simd_collectives.all_to_all(t, split_axis, concat_axis, table,
                                        self.group_index(table), args)
 

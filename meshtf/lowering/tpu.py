@@ -60,7 +60,8 @@ class TpuMeshImpl(simd.SimdMeshImpl):
                                            concat_axis, groups.shape[1])
 
   def _alltoall_slice(self, t, mesh_axis, split_axis, concat_axis):
-    groups = self.group_assignment([mesh_axis])
+    axes = list(mesh_axis) if isinstance(mesh_axis, tuple) else [mesh_axis]
+    groups = self.group_assignment(axes)
     return tf.raw_ops.AllToAll(
         input=t, group_assignment=groups, concat_dimension=concat_axis,
         split_dimension=split_axis, split_count=groups.shape[1])

@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import meshtf as mtf
 from meshtf.models import dtypes
+from meshtf.models import norms
 
 
 # --- helpers -----------------------------------------------------------------
@@ -163,70 +164,11 @@ def get_dense_kernel_weights(x, new_dims, reduced_dims, expert_dims,
 
 
 # --- normalization -----------------------------------------------------------
-_HALF = (tf.bfloat16, tf.float16)
-
-
-def _norm_variable(x, scope, suffix, dim, initializer):
-  # 16-bit activations keep a float32 variable returned in x's dtype (Mesh
-  # TF's float32 master with activation_dtype=x.dtype).
-  dtype = (dtypes.VariableDType(tf.float32, activation_dtype=x.dtype)
-           if x.dtype in _HALF else x.dtype)
-  return mtf.get_variable(x.mesh, scope + "/" + suffix, mtf.Shape([dim]),
-                          dtype=dtype, initializer=initializer)
-
-
-def _float32(x):
-  """x in float32 if it is 16-bit (statistics in 16 bits lose too much)."""
-  return mtf.cast(x, tf.float32) if x.dtype in _HALF else x
-
-
-def layer_norm(x, dim, epsilon=1e-6, name="layer_prepostprocess"):
-  """Layer normalization over dim with a learned scale and bias.
-
-  (x - mean) / sqrt(variance + epsilon) * scale + bias, the moments taken
-  over dim. Variables "<name>/layer_norm_scale" (ones) and
-  "<name>/layer_norm_bias" (zeros), of shape [dim].
-
-  Example:
-    >>> y = layer_norm(x, d_model, name="ln_1")
-  """
-  dim = mtf.convert_to_dimension(dim)
-  _check_dims(x, [dim], "layer_norm")
-  scope = _scope(x.mesh, name, "layer_norm")
-  scale = _norm_variable(x, scope, "layer_norm_scale", dim,
-                         mtf.ones_initializer())
-  bias = _norm_variable(x, scope, "layer_norm_bias", dim,
-                        mtf.zeros_initializer())
-  xf = _float32(x)   # moments in float32 for 16-bit x, as is standard
-  mean = mtf.reduce_mean(xf, reduced_dim=dim)
-  centered = xf - mean
-  variance = mtf.reduce_mean(mtf.square(centered), reduced_dim=dim)
-  norm_x = centered * mtf.rsqrt(variance + epsilon)
-  if norm_x.dtype != x.dtype:
-    norm_x = mtf.cast(norm_x, x.dtype)
-  return mtf.add(norm_x * scale, bias, output_shape=x.shape)
-
-
-def rms_norm(x, dim, epsilon=1e-6, name="rms_norm"):
-  """Root-mean-square normalization over dim with a learned scale.
-
-  x / sqrt(mean(x^2) + epsilon) * scale; variable "<name>/rms_norm_scale"
-  (ones) of shape [dim].
-
-  Example:
-    >>> y = rms_norm(x, d_model)
-  """
-  dim = mtf.convert_to_dimension(dim)
-  _check_dims(x, [dim], "rms_norm")
-  scope = _scope(x.mesh, name, "rms_norm")
-  scale = _norm_variable(x, scope, "rms_norm_scale", dim,
-                         mtf.ones_initializer())
-  xf = _float32(x)   # the mean square in float32 for 16-bit x
-  variance = mtf.reduce_mean(mtf.square(xf), reduced_dim=dim)
-  norm_x = xf * mtf.rsqrt(variance + epsilon)
-  if norm_x.dtype != x.dtype:
-    norm_x = mtf.cast(norm_x, x.dtype)
-  return mtf.multiply(norm_x, scale, output_shape=x.shape)
+# rms_norm and layer_norm live in norms.py: their backward passes keep the
+# activations' dtype (x) and float32 statistics per position only.
+_float32 = norms.float32
+rms_norm = norms.rms_norm
+layer_norm = norms.layer_norm
 
 
 # --- embedding and loss ------------------------------------------------------

@@ -35,13 +35,15 @@ import tensorflow as tf
 
 import meshtf as mtf
 from meshtf import graph as graph_lib
+from meshtf.layouts import layout_rules as layout_rules_lib
 from meshtf.models import decoding
 from meshtf.models import dtypes
 from meshtf.models import layers
+from meshtf.models import norms
 from meshtf.models import pipeline as pipeline_lib
 from meshtf.models import transformer_layers as tl
 
-NORMS = {"rms_norm": layers.rms_norm, "layer_norm": layers.layer_norm}
+NORMS = {"rms_norm": norms.rms_norm, "layer_norm": norms.layer_norm}
 
 
 # Mesh TF's transformer module held these; its code uses them from here.
@@ -217,7 +219,7 @@ class Unitransformer(object):
     self.mesh_shape = mesh_shape
     self.activation_layout = (
         None if not activation_layout
-        else mtf.convert_to_layout_rules(activation_layout))
+        else layout_rules_lib.convert_to_layout_rules(activation_layout))
 
   # -- pieces ------------------------------------------------------------------
   def embedding_weights(self, mesh, variable_dtype, shared_params=None):
@@ -403,14 +405,14 @@ class Unitransformer(object):
     """(scalar loss, metrics): weighted mean cross entropy over tokens, plus
     the context's extra losses."""
     vocab = self.output_vocab_dim
-    logits = mtf.cast(logits, tf.float32)
     smoothing = self.label_smoothing if context.train else 0.0
     off_value = smoothing / vocab.size
-    soft_targets = mtf.one_hot(targets, vocab, on_value=1.0 - smoothing +
-                               off_value, off_value=off_value)
-    per_token = layers.softmax_cross_entropy_with_logits(
-        logits, soft_targets, vocab,
-        z_loss=self.z_loss if context.train else 0.0)
+    # Kept for the backward pass: the logits in their dtype, not float32
+    # copies or the one-hot targets (norms.cross_entropy).
+    per_token = norms.cross_entropy(
+        logits, targets, vocab, on_value=1.0 - smoothing + off_value,
+        off_value=off_value, z_loss=self.z_loss if context.train else 0.0)
+    logits = mtf.cast(logits, tf.float32)
     weights = self.target_weights(context, targets, loss_weights)
     # Accuracy: the target's logit is the largest (ties count as right).
     target_logit = mtf.reduce_sum(logits * mtf.one_hot(targets, vocab),

@@ -43,6 +43,7 @@ from meshtf import shapes
 from meshtf.lowering import rng
 from meshtf.models import dtypes
 from meshtf.models import layers
+from meshtf.models import norms
 
 # tf.estimator.ModeKeys' values: dropout and z-loss only in "train". The
 # decoders (meshtf/models/decoding.py) add Mesh TensorFlow's "first_part"
@@ -508,15 +509,10 @@ def attention(q, k, v, memory_length_dim, kv_dim, mask=None, dropout_rate=0.0,
   logits_shape = mtf.Shape([d for d in q.shape.dims if d.name != kv_dim.name]
                            + [memory_length_dim])
   logits = mtf.einsum([q, k], output_shape=logits_shape)
-  if logits.dtype in (tf.bfloat16, tf.float16):
-    logits = mtf.cast(logits, tf.float32)  # the softmax's sums in float32
-  if mask is not None:
-    if mask.dtype != logits.dtype:
-      mask = mtf.cast(mask, logits.dtype)
-    logits = mtf.add(logits, mask, output_shape=logits_shape)
-  weights = mtf.softmax(logits, memory_length_dim)
-  if weights.dtype != v.dtype:
-    weights = mtf.cast(weights, v.dtype)
+  # The mask added and the softmax's sums taken in float32; what the
+  # backward pass keeps is the weights in v's dtype (norms.softmax).
+  weights = norms.softmax(logits, memory_length_dim, bias=mask,
+                          dtype=v.dtype)
   if dropout_rate and context is not None:
     weights = dropout(weights, context, dropout_rate, name=name + "/dropout")
   return mtf.einsum([weights, v], output_shape=q.shape)

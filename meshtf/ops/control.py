@@ -562,9 +562,10 @@ class CustomGradientOperation(graph_lib.Operation):
   takes_missing_output_grads = True
 
   def __init__(self, explicit_inputs, all_inputs, fn_outputs, grad_fn,
-               forward_operations, name=None):
+               forward_operations, name=None, check_internals=True):
     super().__init__(list(all_inputs) + list(fn_outputs),
                      name=name or "custom_gradient")
+    self._check_internals = check_internals
     self._n_explicit = len(explicit_inputs)
     self._n_all = len(all_inputs)
     self._grad_fn = grad_fn
@@ -576,6 +577,10 @@ class CustomGradientOperation(graph_lib.Operation):
 
   # Read from _inputs, so a clone (recompute_grad) sees its own tensors.
   all_inputs = property(lambda self: self._inputs[:self._n_all])
+  # Output i is fn's output i (the same lowered value): the plan counts its
+  # memory once.
+  output_aliases = property(lambda self: {
+      i: self._n_all + i for i in range(len(self._outputs))})
   explicit_inputs = property(lambda self: self._inputs[:self._n_explicit])
   fn_outputs = property(lambda self: self._inputs[self._n_all:])
 
@@ -602,7 +607,8 @@ class CustomGradientOperation(graph_lib.Operation):
               % (self.name, t.name, op.name))
 
   def gradient(self, grad_ys):
-    self._check_internals_unused()
+    if self._check_internals:
+      self._check_internals_unused()
     forward_operations, outputs = self._forward_operations, self.fn_outputs
     if self._inputs != self._created_inputs:
       # A copy (recompute_grad of an enclosing function): grad_fn gets the
@@ -672,7 +678,7 @@ def clone_operations(ops, input_mapping):
   return new_ops, mapping
 
 
-def custom_gradient(fn, grad_fn, explicit_inputs):
+def custom_gradient(fn, grad_fn, explicit_inputs, check_internals=True):
   """fn(*explicit_inputs), whose gradient is given by grad_fn (Mesh
   TensorFlow's custom_gradient).
 
@@ -681,7 +687,10 @@ def custom_gradient(fn, grad_fn, explicit_inputs):
   forward_operations=..., outputs=..., output_grads=...) returns one
   gradient (or None) per tensor of all_inputs. output_grads holds None for
   an output no gradient reaches (Mesh TF's convention). fn's intermediate tensors
-  must not be used outside fn.
+  must not be used outside fn; mtf.gradients checks that (a walk of the
+  whole graph per custom gradient), unless check_internals=False says the
+  caller guarantees it (a library function that returns everything it
+  makes visible).
 
   Example:
     >>> def grad_fn(explicit_inputs, all_inputs, forward_operations, outputs,
@@ -710,33 +719,53 @@ def custom_gradient(fn, grad_fn, explicit_inputs):
               if t not in made and t not in explicit_inputs
               and t.dtype.is_floating]
   op = CustomGradientOperation(explicit_inputs, explicit_inputs + external,
-                               outputs, grad_fn, forward_operations)
+                               outputs, grad_fn, forward_operations,
+                               check_internals=check_internals)
   return tuple(op.outputs) if returns_tuple else op.outputs[0]
 
 
 def _recompute_grad_grad(explicit_inputs, all_inputs, forward_operations,
-                         outputs, output_grads, control_dependencies=True):
-  """recompute_grad's grad_fn: copies the forward ops and differentiates the
-  copies, so the forward activations need not be kept."""
-  mapping = {t: t for t in all_inputs}
-  if control_dependencies:
+                         outputs, output_grads, control_dependencies=True,
+                         keep=None):
+  """recompute_grad's grad_fn: copies the forward ops (but those `keep`
+  selects, whose outputs the forward pass keeps) and differentiates the
+  copies, so the other forward activations need not be kept."""
+  computed = [op for op in forward_operations if not _is_source(op)]
+  kept = [op for op in computed if keep is not None and keep(op)]
+  read = _external_inputs(computed)
+  read += [t for op in kept for t in op.outputs]
+  grads_in = [g for g in output_grads if g is not None]
+  mapping = {}
+  for t in read:
     # The copies wait for the output gradients: they run in the backward
-    # pass, and TensorFlow cannot merge them with the originals.
-    for t in explicit_inputs:
-      mapping[t] = depend(t, [g for g in output_grads if g is not None])
-  ops, mapping = clone_operations(forward_operations, mapping)
-  reached = [(mapping[t], g) for t, g in zip(outputs, output_grads)
+    # pass (TF's executor would otherwise start those that depend only on
+    # weights or kept tensors in the forward pass and hold their results),
+    # and TensorFlow cannot merge them with the originals.
+    mapping[t] = depend(t, grads_in) if control_dependencies else t
+  kept = set(kept)
+  ops, mapping = clone_operations(
+      [op for op in forward_operations if op not in kept], mapping)
+  reached = [(mapping.get(t, t), g) for t, g in zip(outputs, output_grads)
              if g is not None]
   grads = autodiff.gradients([t for t, _ in reached],
-                             [mapping[t] for t in all_inputs],
+                             [mapping.get(t, t) for t in all_inputs],
                              grad_ys=[g for _, g in reached], operations=ops)
   return grads
 
 
-def recompute_grad(fn, explicit_inputs, control_dependencies=True):
+def recompute_grad(fn, explicit_inputs, control_dependencies=True,
+                   keep=None):
   """fn(*explicit_inputs), recomputed in the backward pass: its gradient
   re-runs fn's operations instead of keeping their activations (Mesh
   TensorFlow's recompute_grad). Values and gradients are those of fn.
+
+  keep: None (recompute every op from the inputs) or a predicate on fn's
+  operations: the outputs of those it selects are kept from the forward
+  pass and the rest recomputed from them (e.g. keep the einsums' outputs,
+  recompute the elementwise ops and softmaxes between them: JAX's
+  dots-saveable policy). With control_dependencies (the default) the
+  recomputation waits for the output gradients, so it runs in the
+  backward pass.
 
   Example:
     >>> y = control.recompute_grad(lambda x: mtf.relu(mtf.einsum([x, w],
@@ -744,7 +773,7 @@ def recompute_grad(fn, explicit_inputs, control_dependencies=True):
   """
   def grad_fn(**kwargs):
     return _recompute_grad_grad(control_dependencies=control_dependencies,
-                                **kwargs)
+                                keep=keep, **kwargs)
   return custom_gradient(fn, grad_fn, explicit_inputs)
 
 

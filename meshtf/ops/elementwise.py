@@ -335,10 +335,14 @@ class ScalarMultiplyOperation(graph_lib.Operation):
 
 
 def _to_tensor(v, like):
-  """Python numbers become scalar constants on the other operand's mesh."""
+  """Python numbers become scalar constants on the other operand's mesh; a
+  scalar tf.Tensor (or tf.Variable), e.g. a learning rate computed from the
+  step, is imported as a replicated scalar, read when the program runs."""
   if isinstance(v, graph_lib.Tensor):
     return v
   from meshtf.ops import io
+  if tf.is_tensor(v) or isinstance(v, tf.Variable):
+    return io.import_tf_scalar(like.mesh, v, like.dtype)
   return io.constant(like.mesh, v, shape=[], dtype=like.dtype)
 
 
@@ -387,14 +391,18 @@ mod = _binary_fn("mod")
 
 
 def add_n(xs):
-  """Sum of a list of tensors (pending sums stay pending).
+  """Sum of a list of tensors (pending sums stay pending); 0 (a Python int)
+  for an empty list, as in Mesh TensorFlow, so `loss + mtf.add_n(extra)`
+  works when a model has no extra losses.
 
   Example:
     >>> s = mtf.add_n([a, b, c])
+    >>> mtf.add_n([])
+    0
   """
   xs = list(xs)
   if not xs:
-    raise ValueError("add_n needs at least one tensor")
+    return 0
   out = xs[0]
   for x in xs[1:]:
     out = add(out, x)

@@ -8,6 +8,8 @@ Example:
   >>> mtf.ones_like(x).shape
   Shape([batch:8, io:4])
 """
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -76,6 +78,52 @@ def import_fully_replicated(mesh, tf_tensor, shape, name=None):
   """
   return import_tf_tensor(mesh, tf_tensor, shape,
                           name=name or "import_fully_replicated")
+
+
+# mesh -> {(tf tensor ref, dtype): imported Tensor}: a tf scalar mixed into
+# many ops (an optimizer's learning rate, once per variable) is imported once.
+_SCALAR_IMPORTS = weakref.WeakKeyDictionary()
+
+
+def import_tf_scalar(mesh, value, dtype=None, what="a tf.Tensor operand"):
+  """A scalar tf.Tensor (or tf.Variable) as a meshtf scalar that every
+  processor holds whole: how a TensorFlow scalar mixes into meshtf
+  arithmetic (`x * learning_rate`). A symbolic tensor stays symbolic: it is
+  an input of the program, read when it runs (never through numpy), so a
+  value that changes from call to call (a schedule of the step) does.
+  dtype (default: its own) casts between float types or between integer
+  types; other mixes raise TypeError. Imported once per mesh and dtype.
+
+  Example:
+    >>> lr = tf.constant(0.01)
+    >>> s = mtf.import_tf_scalar(mesh, lr, tf.float32)   # Shape([])
+    >>> y = x * lr                                        # the same import
+  """
+  if not isinstance(value, tf.Variable):
+    value = tf.convert_to_tensor(value)
+  if value.shape.rank != 0:
+    raise ValueError(
+        "%s has shape %s; only a scalar tf.Tensor mixes with meshtf Tensors "
+        "(it has no dimension names). Import it with mtf.import_tf_tensor("
+        "mesh, t, shape) naming its dims, e.g. 'batch:%s'"
+        % (what, value.shape, value.shape[0] if value.shape.rank else "n"))
+  dtype = value.dtype if dtype is None else tf.as_dtype(dtype)
+  if dtype != value.dtype:
+    if not ((dtype.is_floating and value.dtype.is_floating) or
+            (dtype.is_integer and value.dtype.is_integer)):
+      raise TypeError(
+          "%s is a %s tf.Tensor; the meshtf operand is %s. Cast it first: "
+          "tf.cast(t, tf.%s)" % (what, value.dtype.name, dtype.name,
+                                 dtype.name))
+  cache = _SCALAR_IMPORTS.setdefault(mesh, {})
+  key = (value.ref(), dtype)
+  if key not in cache:
+    # A variable is read here: inside a tf.function, on every call.
+    value = tf.cast(value, dtype) if dtype != value.dtype else (
+        tf.convert_to_tensor(value))
+    cache[key] = import_fully_replicated(mesh, value, shapes.Shape([]),
+                                         name="import_tf_scalar")
+  return cache[key]
 
 
 class ImportSlicesOperation(graph_lib.Operation):

@@ -20,6 +20,8 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.layouts import layout_rules as layout_rules_lib
+from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.ops import elementwise
 from meshtf.ops import io
 from meshtf.ops import mesh_tf_names
@@ -292,6 +294,58 @@ def conv3d_backprop_filter(conv_input, filter_shape, dy, strides, padding,
       name=name).outputs[0]
 
 
+def convert_to_layout_rules(x):
+  """Mesh TensorFlow's convert_to_layout_rules: LayoutRules from a string
+  ("batch:batch,d_ff:model"), dict, pair list or LayoutRules, with Mesh TF's
+  semantics: a rule naming a mesh axis that a mesh lacks is inactive on that
+  mesh (one warning naming it when a mesh layout drops it), so T5's default
+  rules run on "batch:8" as on "model:4,batch:2". meshtf's own
+  MeshLayout(mesh, "rules") and binary refuse such a rule (a typo).
+
+  Example:
+    >>> rules = mtf.convert_to_layout_rules("ensemble:ensemble,batch:batch")
+    >>> mtf.MeshLayout("batch:8", rules).layout_rules.pairs   # one warning
+    [('batch', 'batch')]
+  """
+  return layout_rules_lib.convert_to_layout_rules(x).with_absent_axes(
+      "inactive")
+
+
+def mesh_tf_layout_rules(layout):
+  """A MeshImpl's layout argument with Mesh TF's semantics (None stays
+  None: the shape is then a MeshLayout, whose rules are already set)."""
+  return None if layout is None else convert_to_layout_rules(layout)
+
+
+class LayoutRules(layout_rules_lib.LayoutRules):
+  """Mesh TensorFlow's LayoutRules (`mesh_tensorflow.LayoutRules` after
+  meshtf.compat.install()): meshtf's, with rules naming an axis a mesh lacks
+  inactive on that mesh by default.
+
+  Example:
+    >>> LayoutRules([("batch", "batch"), ("heads", "model")]).absent_axes
+    'inactive'
+  """
+
+  def __init__(self, pairs, absent_axes="inactive"):
+    super().__init__(pairs, absent_axes)
+
+
+class MeshImpl(mesh_impl_lib.MeshImpl):
+  """Mesh TensorFlow's ops.MeshImpl(shape, layout_rules) (the geometry-only
+  base; `mesh_tensorflow.MeshImpl` after meshtf.compat.install()): meshtf's,
+  with Mesh TF's layout-rule semantics (see convert_to_layout_rules).
+
+  Example:
+    >>> MeshImpl("batch:4", layout_rules="batch:batch,heads:model").size
+    4
+  """
+
+  def __init__(self, shape, layout=None, devices=None, layout_rules=None):
+    super().__init__(shape, mesh_tf_layout_rules(layout), devices,
+                     mesh_tf_layout_rules(layout_rules))
+
+
 def import_laid_out_tensor(mesh, laid_out_tensor, shape, name=None):
   """A Tensor from per-processor slices already laid out as the mesh's
   layout will place `shape` (for expert users, as in Mesh TF).
@@ -310,4 +364,5 @@ __all__ = ["AddOperation", "MinMaxOperation", "mtf_pow", "mtf_abs",
            "parallel", "transpose_list_of_lists", "binary_reduction_fn",
            "reduction_fn", "pool_fn", "import_laid_out_tensor",
            "conv2d_backprop_input", "conv2d_backprop_filter",
-           "conv3d_backprop_input", "conv3d_backprop_filter"]
+           "conv3d_backprop_input", "conv3d_backprop_filter",
+           "convert_to_layout_rules"]

@@ -29,6 +29,8 @@ class DependOperation(graph_lib.Operation):
     self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
 
   control_operations = property(lambda self: list(self._control_ops))
+  # Its output is x's buffer (a TF identity): the plan counts it once.
+  output_aliases = property(lambda self: {0: 0})
 
   def gradient(self, grad_ys):
     return [grad_ys[0]] + [None] * (len(self._inputs) - 1)

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.lowering import lowering as lowering_lib
 from meshtf.ops import _local
 
 
@@ -35,9 +36,42 @@ class ReshapeOperation(graph_lib.Operation):
   def gradient(self, grad_ys):
     return [reshape(grad_ys[0], self._inputs[0].shape)]
 
+  def layout_factors(self):
+    """Each renamed dim with the dim of the other shape that has the same
+    outer size (the product of the sizes before it): splitting both n ways
+    selects the same elements where n divides both (or they are equal),
+    as the relayout plan's cumprod rule says (meshtf/layouts/relayout.py).
+
+    Example:
+      >>> y = mtf.rename_dimension(x, "length", "memory_length")
+      >>> y.operation.layout_factors()
+      [('length', 'memory_length')]
+    """
+    old, new = self._inputs[0].shape, self._outputs[0].shape
+    new_names = set(new.dimension_names)
+    old_names = set(old.dimension_names)
+    # Size-1 dims share their neighbour's outer size and split nothing.
+    outer = {o: d.name for d, o in zip(new.dims, new.cumprod())
+             if d.size > 1}
+    pairs = []
+    for d, o in zip(old.dims, old.cumprod()):
+      b = outer.get(o)
+      if (d.size > 1 and d.name not in new_names and b is not None
+          and b not in old_names):
+        pairs.append((d.name, b))
+    return pairs
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     x, out = self._inputs[0], self._outputs[0]
+    raw = lowering.pending_or_laid_out(x)
+    if isinstance(raw, lowering_lib.PendingSum):
+      plan = impl.mesh_layout.relayout_plan(x.shape, out.shape, x.dtype.size)
+      if all(s.kind == "reshape" for s in plan.steps):
+        # Linear and local (a rename): the allreduce can wait.
+        lowering.set_tensor_lowering(out, lowering_lib.PendingSum(
+            impl, impl.execute_relayout(raw.laid_out, plan), raw.mesh_axes))
+        return
     lowering.set_tensor_lowering(
         out, impl.reshape(lowering.tensors[x], x.shape, out.shape))
 

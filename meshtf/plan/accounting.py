@@ -27,6 +27,7 @@ Example:
 import collections
 
 from meshtf.lowering import lowering as lowering_lib
+from meshtf.ops import annotations
 
 OpCost = collections.namedtuple("OpCost", ["op", "family", "flops", "bytes"])
 # conv op -> which input is the forward conv's output y (ConvOperation makes
@@ -53,9 +54,16 @@ def _local_elements(layout, tensor):
   return layout.slice_size(tensor.shape)
 
 
-def op_cost(op, layout):
-  """OpCost of one operation under its computation layout (a MeshLayout)."""
+def op_cost(op, layout, graph_layout=None):
+  """OpCost of one operation under its computation layout (a MeshLayout).
+  With graph_layout, an op whose outputs are views of its inputs
+  (_aliased_input: depend, a custom gradient, a relayout that moves
+  nothing) costs nothing."""
   family = _family(op)
+  if graph_layout is not None and op.outputs and all(
+      _aliased_input(op, k, graph_layout) is not None
+      for k in range(len(op.outputs))):
+    return OpCost(op, family, 0, 0)
   touched = sum(_local_elements(layout, t) * t.dtype.size
                 for t in list(op.inputs) + op.outputs)
   name = type(op).__name__
@@ -111,16 +119,49 @@ def account(operations, graph_layout, backward_start=None):
   backward operation (activations produced before it and read after it are
   the ones kept for the backward pass); None: no backward pass."""
   operations = list(operations)
-  costs = [op_cost(op, graph_layout.op_layout(op))
+  costs = [op_cost(op, graph_layout.op_layout(op), graph_layout)
            for op in lowering_lib.all_operations(operations)]
   return Accounting(costs, _memory(operations, graph_layout, backward_start))
 
 
-def _memory(operations, graph_layout, backward_start):
-  """Per-device bytes: variables (trainable = parameters, the rest =
-  optimizer state and counters), then the activations' liveness: a tensor
-  lives from its producer to its last reader (an output nobody reads dies
-  at once)."""
+def _aliased_input(op, index, graph_layout):
+  """The input whose buffer op's output `index` is, or None: the outputs
+  an op declares (op.output_aliases: depend, a custom gradient's outputs),
+  a relayout (mtf.shard, layout_like) between equal layouts, and a
+  reshape the layouts make local with nothing moved (a rename): their
+  lowering hands the input's slices on (a view)."""
+  aliases = getattr(op, "output_aliases", None)
+  if aliases:
+    k = aliases.get(index)
+    return None if k is None else op.inputs[k]
+  if not op.inputs or index:
+    return None
+  x, out = op.inputs[0], op.outputs[0]
+  if isinstance(op, annotations.ShardOperation) or isinstance(
+      op, annotations.LayoutLikeOperation):
+    same = (graph_layout.tensor_layout(x) ==
+            graph_layout.tensor_layout(out))
+    return x if same else None
+  if type(op).__name__ == "ReshapeOperation":
+    layout = graph_layout.op_layout(op)
+    if (graph_layout.tensor_layout(x) != layout.tensor_layout(x.shape) or
+        layout.slice_size(x.shape) != layout.slice_size(out.shape)):
+      return None
+    plan = layout.relayout_plan(x.shape, out.shape, x.dtype.size)
+    return None if plan.steps else x
+  return None
+
+
+def _buffers(operations, graph_layout):
+  """(spans, bytes): spans {tensor: [first op index, last op index,
+  bytes per device]} of every activation buffer, keyed by the tensor that
+  made it; bytes {"parameters", "optimizer_state", "padding"}.
+
+  A tensor lives from its producer to its last reader (an output nobody
+  reads dies at once). An output that is one of its op's inputs under
+  another name (_aliased_input: depend, a custom gradient's outputs, a
+  relayout that moves nothing) is that input's buffer: counted once,
+  living to the last reader of either."""
   position = {op: i for i, op in enumerate(operations)}
   last_read = {}
   for i, op in enumerate(operations):
@@ -134,10 +175,18 @@ def _memory(operations, graph_layout, backward_start):
   trainable = set()
   if operations:
     trainable = set(operations[0].graph.trainable_variables)
-  events = collections.Counter()
-  saved = 0
+  root = {}        # tensor -> the tensor whose buffer it is
+  span = {}        # root tensor -> [start, end, bytes]
   for op in operations:
-    for t in op.outputs:
+    for k, t in enumerate(op.outputs):
+      start = position[op]
+      end = last_read.get(t, start)
+      source = _aliased_input(op, k, graph_layout)
+      if source is not None and source.operation in position:
+        root[t] = root.get(source, source)
+        if root[t] in span:
+          span[root[t]][1] = max(span[root[t]][1], end)
+        continue
       layout = graph_layout.tensor_mesh_layout(t)
       size = _local_elements(layout, t) * t.dtype.size
       # A slice's padding, on average over the processors: the slice minus
@@ -150,16 +199,44 @@ def _memory(operations, graph_layout, backward_start):
         else:
           optimizer += size
         continue
-      start = position[op]
-      end = last_read.get(t, start)
-      events[start] += size
-      events[end + 1] -= size
-      if (backward_start is not None and start < backward_start <= end):
-        saved += size
+      span[t] = [start, end, size]
+  return span, {"parameters": parameters, "optimizer_state": optimizer,
+                "padding": padding}
+
+
+def kept_for_backward(operations, graph_layout, backward_start):
+  """[(tensor, bytes per device)] of the activations made before
+  backward_start and read after it (what the backward pass keeps),
+  largest first.
+
+  Example:
+    >>> kept = kept_for_backward(graph.operations, graph_layout,
+    ...                          graph.backward_start)
+    >>> [(t.name, t.dtype.name, n) for t, n in kept[:3]]
+  """
+  span, _ = _buffers(list(operations), graph_layout)
+  kept = [(t, size) for t, (start, end, size) in span.items()
+          if start < backward_start <= end]
+  return sorted(kept, key=lambda kv: -kv[1])
+
+
+def _memory(operations, graph_layout, backward_start):
+  """Per-device bytes: variables (trainable = parameters, the rest =
+  optimizer state and counters), then the activations' liveness
+  (_buffers): the peak of the live bytes, and those kept across
+  backward_start."""
+  span, memory = _buffers(operations, graph_layout)
+  events = collections.Counter()
+  saved = 0
+  for start, end, size in span.values():
+    events[start] += size
+    events[end + 1] -= size
+    if backward_start is not None and start < backward_start <= end:
+      saved += size
   live = peak = 0
   for i in sorted(events):
     live += events[i]
     peak = max(peak, live)
-  return {"parameters": parameters, "optimizer_state": optimizer,
-          "activations_saved": saved, "activations_peak": peak,
-          "peak": parameters + optimizer + peak, "padding": padding}
+  memory.update(activations_saved=saved, activations_peak=peak,
+                peak=memory["parameters"] + memory["optimizer_state"] + peak)
+  return memory

@@ -31,6 +31,7 @@ Example:
 """
 import collections
 
+from meshtf.layouts import reasons as reasons_lib
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import bucketing
 from meshtf.lowering import lowering as lowering_lib
@@ -43,13 +44,22 @@ _SUMMING = ("EinsumOperation", "GatherOperation", "ScatterAddOperation",
 
 
 class _Recorder(object):
-  """Collective records, grouped like Lowering.collective_stats()."""
+  """Collective records, grouped like Lowering.collective_stats(), each
+  occurrence with its Reason (layouts/reasons.py)."""
 
   def __init__(self, mesh_layout):
     self._mesh_layout = mesh_layout
     self.counts = collections.OrderedDict()
+    # (record key, ready, needed): where in the operations' order each
+    # collective's input is ready and where its result is first needed.
+    self.events = []
+    self.span = (0, 0)
 
-  def add(self, kind, mesh_axes, elements, itemsize):
+  def _count(self, key, reason):
+    self.counts.setdefault(key, []).append(reason)
+    self.events.append((key,) + tuple(self.span))
+
+  def add(self, kind, mesh_axes, elements, itemsize, reason=None):
     group = 1
     for a in mesh_axes:
       group *= self._mesh_layout.axis_size(a)
@@ -58,28 +68,42 @@ class _Recorder(object):
     key = (kind, tuple(self._mesh_layout.mesh_axis_names(mesh_axes)), group,
            int(elements),
            relayout_lib.collective_bytes(kind, group, elements, itemsize))
-    self.counts[key] = self.counts.get(key, 0) + 1
+    self._count(key, reason)
 
-  def add_plan(self, plan):
+  def add_plan(self, plan, reason=None):
     for s in plan.steps:
       if s.kind in ("allconcat", "alltoall", "reduce_scatter"):
         key = (s.kind, tuple(self._mesh_layout.mesh_axis_names(
-            [s.mesh_axis])), s.group_size, s.elements_per_device,
+            relayout_lib.step_axes(s))), s.group_size, s.elements_per_device,
                s.bytes_per_device)
         if s.group_size > 1:
-          self.counts[key] = self.counts.get(key, 0) + 1
+          self._count(key, reason)
 
   def records(self):
     return [dict(kind=k[0], mesh_axes=list(k[1]), group_size=k[2],
-                 elements_per_device=k[3], bytes_per_device=k[4], count=n)
-            for k, n in self.counts.items()]
+                 elements_per_device=k[3], bytes_per_device=k[4],
+                 count=len(why), reasons=why)
+            for k, why in self.counts.items()]
+
+  def timeline(self):
+    """[record dict with count 1, "ready" and "needed" positions], one
+    per collective, in the order they were emitted."""
+    return [dict(kind=k[0], mesh_axes=list(k[1]), group_size=k[2],
+                 elements_per_device=k[3], bytes_per_device=k[4], count=1,
+                 ready=ready, needed=needed)
+            for k, ready, needed in self.events]
 
 
-def _is_linear_reader(op, tensor, pending):
+def _is_linear_reader(op, tensor, pending, layout):
   """Whether op keeps tensor's pending sum pending (see the docstring)."""
   name = type(op).__name__
-  if name == "ScalarMultiplyOperation":
+  if name in ("ScalarMultiplyOperation", "CustomGradientOperation"):
+    # A custom gradient's outputs are its function's, pending or not.
     return True
+  if name == "ReshapeOperation":   # a local one (a rename)
+    out = op.outputs[0]
+    return all(s.kind == "reshape" for s in layout.relayout_plan(
+        tensor.shape, out.shape, tensor.dtype.size).steps)
   if name == "UnaryOperation":
     return getattr(op, "_kind", None) in _LINEAR_UNARY
   if name == "BinaryOperation" and getattr(op, "_kind", None) in ("add",
@@ -88,6 +112,27 @@ def _is_linear_reader(op, tensor, pending):
     out = op.outputs[0]
     return (x in pending and y in pending and pending[x] == pending[y]
             and x.shape == out.shape and y.shape == out.shape)
+  return False
+
+
+def _shares_rename_relay(t, new, graph_layout, pending, relaid):
+  """Whether t, a rename's output, is relaid to `new` by relaying the
+  rename's input (Lowering._relay_to: one relayout for both); marks the
+  input relaid. False (nothing marked) for partial sums."""
+  chain = []
+  x = t
+  while x not in pending:
+    x = lowering_lib.renamed_source(x, graph_layout.tensor_mesh_layout)
+    if x is None or x in pending:
+      break
+    chain.append(x)
+    if (x, new) in relaid:
+      relaid.add((t, new))
+      relaid.update((c, new) for c in chain)
+      return True
+  if not chain or t in pending:
+    return False
+  relaid.update((c, new) for c in chain)
   return False
 
 
@@ -124,12 +169,17 @@ def _bucket_plan(operations, graph_layout, bucket_bytes):
 
 
 def estimate_collectives(operations, graph_layout, outputs=None,
-                         bucket_bytes=None):
+                         bucket_bytes=None, timeline=None):
   """Estimated collective records of operations (a graph's, in order)
   under graph_layout (MeshLayout.assign), in Lowering.collective_stats()'s
   form. outputs: the tensors the step exports (default: those nothing
   reads, as plan() traces it). bucket_bytes: the Lowering's cap of fused
-  gradient buckets (None: its default, 0: off)."""
+  gradient buckets (None: its default, 0: off). timeline: a list that
+  gets one record per collective with "ready" (the position, in
+  lowering.all_operations(operations), of the op after which its input is
+  ready) and "needed" (the op that first reads its result;
+  len(all_operations) for the step's exports) -- plan/timeline.py's
+  input."""
   operations = list(operations)
   base = graph_layout.base
   rec = _Recorder(base)
@@ -142,15 +192,32 @@ def estimate_collectives(operations, graph_layout, outputs=None,
       operations, graph_layout, cap)
   top_level = set(operations) if by_producer else ()
   buckets = collections.OrderedDict()   # key -> [members, bytes]
+  everything = list(lowering_lib.all_operations(operations))
+  position = {op: i for i, op in enumerate(everything)}
+  first_read = {}
+  for op in everything:
+    for t in op.inputs:
+      first_read.setdefault(t, position[op])
+
+  def span(t, reader):
+    """(ready, needed) of a collective on t read by `reader` (None: the
+    step's end)."""
+    ready = position.get(t.operation, 0)
+    return (ready, position[reader] if reader is not None
+            else len(everything))
 
   def issue(members):
     members = [t for t in members if t not in reduced]
+    if members:
+      rec.span = (rec.span[0], min(first_read.get(t, len(everything))
+                                   for t in members))
     if len(members) == 1:
       reduce_now(members[0])
     elif members:
       rec.add("allreduce_sum", pending[members[0]], sum(
           graph_layout.tensor_mesh_layout(t).slice_size(t.shape)
-          for t in members), members[0].dtype.size)
+          for t in members), members[0].dtype.size,
+              reasons_lib.bucket(graph_layout, members))
       reduced.update(members)
 
   def offer(g, t):
@@ -174,43 +241,53 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   def after(op):
     if op not in top_level:
       return
+    rec.span = (position[op], position[op] + 1)
     for g, t in by_producer.get(op, ()):
       offer(g, t)
     for g in completes.get(op, ()):
       for key in [k for k in buckets if k[0] == g]:
         issue(buckets.pop(key)[0])
 
-  def reduce_now(t):
+  def reduce_now(t, reader=None, where=None):
     if t in pending and t not in reduced:
       layout = graph_layout.tensor_mesh_layout(t)
       rec.add("allreduce_sum", pending[t], layout.slice_size(t.shape),
-              t.dtype.size)
+              t.dtype.size, reasons_lib.reduce(graph_layout, reader, t,
+                                               where=where))
       reduced.add(t)
 
-  for op in lowering_lib.all_operations(operations):
+  for op in everything:
     _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
-                 relaid, reduce_now)
+                 relaid, reduce_now, span)
     after(op)
   for members, _ in list(buckets.values()):
+    rec.span = (len(everything) - 1, len(everything))
     issue(members)
   if outputs is None:
     outputs = [t for op in operations for t in op.outputs if not readers[t]]
   for t in outputs:
-    reduce_now(t)
+    rec.span = span(t, None)
+    reduce_now(t, where="(export)")
+  if timeline is not None:
+    timeline.extend(rec.timeline())
   return rec.records()
 
 
 def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
-                 relaid, reduce_now):
+                 relaid, reduce_now, span):
   """The collectives lowering op emits (estimate_collectives' rules)."""
   layout = graph_layout.op_layout(op)
   keeps = set()
   for t in dict.fromkeys(op.inputs):
+    rec.span = span(t, op)
     own = graph_layout.tensor_mesh_layout(t)
     old = own.tensor_layout(t.shape)
     new = layout.tensor_layout(t.shape)
     plan = None
-    if old != new and (t, new) not in relaid:
+    if old != new:
+      if (t, new) in relaid or _shares_rename_relay(t, new, graph_layout,
+                                                    pending, relaid):
+        continue   # relaid (or reduce-scattered) once for every reader
       relaid.add((t, new))
       plan = base.relayout_plan(t.shape, t.shape, t.dtype.size, old, new)
     if t in pending and t not in reduced:
@@ -218,19 +295,28 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
         fused, rest = relayout_lib.fuse_reduce_scatter(
             plan, pending[t], t.dtype.size)
         if len(rest) < len(pending[t]):
-          rec.add_plan(fused)
+          why = reasons_lib.reduce(graph_layout, op, t, scatter=True)
+          rec.add_plan(fused, why)
           rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
-                  t.dtype.size)
+                  t.dtype.size, why)
           continue
-      if readers[t] == 1 and _is_linear_reader(op, t, pending):
+      if readers[t] == 1 and _is_linear_reader(op, t, pending, layout):
         keeps.add(t)
         continue
-      reduce_now(t)
+      reduce_now(t, op)
     if plan is not None:
-      rec.add_plan(plan)
-  if type(op).__name__ == "ReshapeOperation":
+      rec.add_plan(plan, reasons_lib.relayout(graph_layout, op, t))
+  if type(op).__name__ == "CustomGradientOperation":
+    for k, i in op.output_aliases.items():
+      source = op.inputs[i]
+      if source in pending and source not in reduced:
+        pending[op.outputs[k]] = pending[source]
+    return
+  if type(op).__name__ == "ReshapeOperation" and not keeps:
     x, out = op.inputs[0], op.outputs[0]
-    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size))
+    rec.span = span(x, op)
+    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size),
+                 reasons_lib.computes(graph_layout, op, "reshape"))
     return
   if keeps:
     for out in op.outputs:
@@ -253,5 +339,8 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
       pending[out] = axes
   else:
     kind = "allreduce_" + str(getattr(op, "_reduction", "max")).lower()
+    here = span(op.inputs[0], op)[1]
+    rec.span = (here, here + 1)
     for out in op.outputs:
-      rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size)
+      rec.add(kind, axes, layout.slice_size(out.shape), out.dtype.size,
+              reasons_lib.computes(graph_layout, op))

@@ -257,7 +257,7 @@ def _matmul_depth(op):
 
 
 def roofline_seconds(hw, devices):
-  """op -> seconds on a hardware model (plan/hardware.py), as the report
+  """op -> seconds on a hardware model (plan/hardware/), as the report
   times ops: max(flops / peak, bytes / memory bandwidth), times the
   device count where devices share the compute; a collective: its
   latency plus its input's bytes over the fast links."""

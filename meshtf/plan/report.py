@@ -3,9 +3,13 @@ memory, flops by op family, collectives (from the traced per-device SPMD
 program: exactly what a run emits) and an estimated step time on a
 hardware model -- without devices and without running anything.
 
-Step time = the roofline of every op (max of flops / peak and bytes /
-memory bandwidth) + the alpha-beta time of every collective
-(hardware.py), without overlap. The assumptions are printed with it.
+Step time: every op (or, where XLA compiles the program, every fused
+kernel: plan/fusion.py) at its roofline, max(flops / peak, bytes / memory
+bandwidth); every collective priced where its group sits on the
+hardware's interconnect (plan/hardware/); where the runtime runs
+collectives asynchronously, the collectives beside the compute that does
+not need them (plan/timeline.py), else after it. The hardware's
+constants, their sources and the assumptions are printed with it.
 
 Example:
   >>> report = plan(graph, mtf.MeshLayout("rows:2;cols:4", "batch:rows"),
@@ -14,12 +18,15 @@ Example:
 """
 import json
 
+from meshtf.layouts import reasons as reasons_lib
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import simd
 from meshtf.plan import accounting
 from meshtf.plan import estimate
+from meshtf.plan import fusion
 from meshtf.plan import hardware as hardware_lib
 from meshtf.plan import program_memory
+from meshtf.plan import timeline as timeline_lib
 
 
 def notional_devices(n, per_host=8):
@@ -40,11 +47,18 @@ class PlanReport(object):
     graph_layout: every tensor's layout (layouts/assignment.py),
     program_memory: the traced program under TF's executor
       (plan/program_memory.py), or None (not traced, or XLA hardware).
+    operations: the graph's operations (for the fused kernels' timing);
+      None: each op priced alone.
+    timeline_events: one collective record per collective with the op
+      positions it is ready after and needed before
+      (estimate_collectives(timeline=...)), for the overlap; None: no
+      overlap.
   """
 
   def __init__(self, mesh_layout, hw, acc, collectives, graph_layout=None,
                collectives_source="traced", program_memory=None,
-               executor_threads=None):
+               executor_threads=None, operations=None,
+               timeline_events=None):
     self.mesh_layout = mesh_layout
     self.hardware = hw
     self.accounting = acc
@@ -53,6 +67,10 @@ class PlanReport(object):
     self.collectives_source = collectives_source
     self.program_memory = program_memory
     self.executor_threads = executor_threads
+    self.operations = operations
+    self.timeline_events = timeline_events
+    self._op_seconds = None
+    self._timeline = None
 
   def memory(self):
     """Bytes per device: the accounting's (parameters, optimizer state,
@@ -106,17 +124,56 @@ class PlanReport(object):
             "folding of padding masks, kernels' own temporaries, the "
             "allocator's block rounding"]}
 
+  def op_seconds(self):
+    """[seconds] of each op in accounting.costs' order (plan/fusion.py:
+    fused kernels' time spread over their ops where XLA compiles)."""
+    if self._op_seconds is None:
+      hw = self.hardware
+      share = self.mesh_layout.size if hw.shared_compute else 1
+      if self.operations is not None and self.graph_layout is not None:
+        by_op = fusion.op_seconds(
+            self.operations, self.graph_layout, hw,
+            {c.op: c for c in self.accounting.costs})
+        self._op_seconds = [by_op[c.op] * share
+                            for c in self.accounting.costs]
+      else:
+        self._op_seconds = [
+            share * max(c.flops / hw.peak_flops,
+                        c.bytes / hw.memory_bandwidth)
+            for c in self.accounting.costs]
+    return self._op_seconds
+
   def compute_seconds(self):
-    hw = self.hardware
-    total = 0.0
-    for c in self.accounting.costs:
-      total += max(c.flops / hw.peak_flops, c.bytes / hw.memory_bandwidth)
-    return total * (self.mesh_layout.size if hw.shared_compute else 1)
+    """Seconds of the step's ops (fused where XLA compiles), without the
+    hardware's step overhead."""
+    return sum(self.op_seconds())
 
   def collective_seconds(self):
+    """Seconds of the step's collectives, one after another."""
     mesh = self.mesh_layout.mesh_shape
     return sum(r["count"] * hardware_lib.collective_seconds(
         self.hardware, mesh, r) for r in self.collectives)
+
+  def timeline(self):
+    """The step's Timeline (plan/timeline.py) where the hardware overlaps
+    collectives with compute and the events are known; None otherwise."""
+    if (self._timeline is None and self.hardware.overlap and
+        self.timeline_events is not None):
+      mesh = self.mesh_layout.mesh_shape
+      hw = self.hardware
+      self._timeline = timeline_lib.simulate(
+          self.op_seconds(), self.timeline_events,
+          lambda r: hardware_lib.collective_seconds(hw, mesh, r))
+    return self._timeline
+
+  def step_seconds(self):
+    """The step's seconds: compute, collectives (beside the compute where
+    the hardware overlaps them, else after it) and the step overhead."""
+    t = self.timeline()
+    if t is not None:
+      return t.step + self.hardware.step_overhead
+    return (self.compute_seconds() + self.collective_seconds() +
+            self.hardware.step_overhead)
 
   def summary(self):
     """The report as a dict (what the JSON file holds)."""
@@ -125,6 +182,7 @@ class PlanReport(object):
     flops, touched = acc.flops, acc.bytes
     compute = self.compute_seconds() + self.hardware.step_overhead
     comm = self.collective_seconds()
+    step = self.step_seconds()
     by_kind = {}
     for r in self.collectives:
       entry = by_kind.setdefault(r["kind"], {"count": 0, "bytes": 0})
@@ -142,18 +200,67 @@ class PlanReport(object):
         "flops_per_device": flops,
         "flops_by_family": dict(acc.flops_by_family),
         "arithmetic_intensity": flops / touched if touched else 0.0,
-        "collectives": [dict(r) for r in self.collectives],
+        # Every collective with its count; the reasons of the ones that
+        # send the most in "top_collectives" (all of them: explain()).
+        "collectives": [{k: v for k, v in r.items() if k != "reasons"}
+                        for r in self.collectives],
+        "top_collectives": self.top_collectives(),
         "collective_bytes_per_device": sum(
             r["count"] * r["bytes_per_device"] for r in self.collectives),
         "collectives_by_kind": by_kind,
         "collectives_source": self.collectives_source,
         "compute_seconds": compute,
         "collective_seconds": comm,
-        "step_seconds": compute + comm,
-        "assumptions": self.hardware.describe() + [
-            "step time = sum of the ops' rooflines + sum of the "
-            "collectives' alpha-beta times, without overlap"],
+        "exposed_collective_seconds": step - compute,
+        "step_seconds": step,
+        "flops_utilization": (
+            flops / (step * self.hardware.peak_flops) if step and not
+            self.hardware.shared_compute else None),
+        "assumptions": self.hardware.describe() + [self._step_rule()],
     }
+
+  def top_collectives(self, top=5):
+    """The `top` groups of collectives that send the most bytes (a
+    collective repeated per layer is one group), each with its count,
+    bytes and one reason: the operation that emitted it and the layouts
+    that met, with their origins (layouts/reasons.py)."""
+    groups = {}
+    for r in self.collectives:
+      for reason in r.get("reasons") or [None] * r["count"]:
+        key = (r["kind"], tuple(r["mesh_axes"]), r["bytes_per_device"],
+               reason.pattern if reason else None)
+        entry = groups.setdefault(key, {
+            "kind": r["kind"], "mesh_axes": list(r["mesh_axes"]),
+            "bytes_per_device": r["bytes_per_device"], "count": 0,
+            "reason": reason._asdict() if reason else None})
+        entry["count"] += 1
+    ranked = sorted(groups.values(),
+                    key=lambda e: -e["bytes_per_device"] * e["count"])
+    return ranked[:top]
+
+  def explain(self, top=10):
+    """The collectives that send the most bytes per device, grouped where
+    they repeat, each with why it exists: the operation that emitted it,
+    the tensor, the layout it was held in and the one wanted, each dim
+    with the annotation, variable layout or rule behind it.
+
+    Example:
+      >>> print(mtf.plan.plan(graph, layout, trace=False).explain(5))
+    """
+    return reasons_lib.explain(self.collectives, top)
+
+  def _step_rule(self):
+    hw = self.hardware
+    ops = ("fused kernels' rooflines (plan/fusion.py)"
+           if hw.compiler == "xla" and self.operations is not None
+           else "ops' rooflines, one kernel each")
+    if self.timeline() is not None:
+      return ("step time = the %s in graph order, with each collective "
+              "(priced on the interconnect) beside the compute that does "
+              "not need it (plan/timeline.py; the timeline from the "
+              "layouts' estimate)" % ops)
+    return ("step time = sum of the %s + sum of the collectives' times "
+            "on the interconnect, without overlap" % ops)
 
   def to_json(self):
     return json.dumps(self.summary(), indent=1, sort_keys=True,
@@ -183,9 +290,12 @@ class PlanReport(object):
             ", ".join("%s x%d (%s)" % (k, v["count"], mb(v["bytes"]))
                       for k, v in sorted(s["collectives_by_kind"].items())),
             mb(s["collective_bytes_per_device"])),
-        "step time estimate: %.4g s (compute %.4g s + collectives %.4g s)"
-        % (s["step_seconds"], s["compute_seconds"],
-           s["collective_seconds"]),
+        "step time estimate: %.4g s (compute %.4g s + collectives %.4g s"
+        ", %.4g s of them not hidden by compute)%s"
+        % (s["step_seconds"], s["compute_seconds"], s["collective_seconds"],
+           s["exposed_collective_seconds"],
+           "; %.1f%% of peak flops" % (100 * s["flops_utilization"])
+           if s["flops_utilization"] is not None else ""),
         "assumptions:"] + ["  " + a for a in s["assumptions"]] + [
             "  " + a for a in s["memory_model"]["assumptions"]]
     return "\n".join(lines)
@@ -222,7 +332,7 @@ def step_outputs(operations):
 
 
 def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
-         trace=True, executor_threads=None):
+         trace=True, executor_threads=None, compiler=None):
   """The PlanReport of graph (one mesh) under mesh_layout on a hardware
   model ("tpuv3", "h100_8x_node", "cpu"). backward_start: index in
   graph.operations of the first backward op (for the activations kept
@@ -233,13 +343,14 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   the hardware's inter-op threads per device); trace=False estimates the
   collectives from the layouts instead (plan/estimate.py: the same
   records on the models here, in a fraction of the time) and keeps the
-  sequential liveness. Raises LayoutError / ValueError on bad input
-  before any tracing.
+  sequential liveness. compiler: "xla" or "tf" overrides the hardware's
+  (a GPU with jit_compile runs XLA). Raises LayoutError / ValueError on
+  bad input before any tracing.
 
   Example:
     >>> print(plan(graph, mtf.MeshLayout("x:8", "batch:x")).text())
   """
-  hw = hardware_lib.get(hardware)
+  hw = hardware_lib.get(hardware, compiler)
   meshes = {op.mesh for op in graph.operations}
   if len(meshes) != 1:
     raise ValueError("plan: the graph has %d meshes; plan one mesh's graph"
@@ -251,11 +362,13 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
     backward_start = graph.backward_start
   acc = accounting.account(operations, graph_layout, backward_start)
   outputs = step_outputs(operations)
+  events = []
+  collectives = estimate.estimate_collectives(operations, graph_layout,
+                                              outputs, timeline=events)
   if not trace:
-    collectives = estimate.estimate_collectives(operations, graph_layout,
-                                                outputs)
     return PlanReport(mesh_layout, hw, acc, collectives, graph_layout,
-                      "estimated")
+                      "estimated", operations=operations,
+                      timeline_events=events)
   impl = simd.SimdMeshImpl(mesh_layout, None,
                            notional_devices(mesh_layout.size))
   lowering = lowering_lib.Lowering(graph, {mesh: impl}, launch=False,
@@ -269,4 +382,5 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
         op_seconds=program_memory.roofline_seconds(hw, mesh_layout.size))
   return PlanReport(mesh_layout, hw, acc, lowering.collective_stats(),
                     graph_layout, program_memory=memory,
-                    executor_threads=threads)
+                    executor_threads=threads, operations=operations,
+                    timeline_events=events)

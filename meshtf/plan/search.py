@@ -191,14 +191,17 @@ def _screen(graphs, weights, layout, hw, cap):
     except errors.LayoutError:
       return None
     acc = accounting.account(ops, graph_layout, graph.backward_start)
-    records = estimate.estimate_collectives(ops, graph_layout)
+    events = []
+    records = estimate.estimate_collectives(ops, graph_layout,
+                                            timeline=events)
     # The report's own timing rules (what plan(trace=False) says).
     report = report_lib.PlanReport(layout, hw, acc, records, graph_layout,
-                                   "estimated")
+                                   "estimated", operations=ops,
+                                   timeline_events=events)
     c, m = report.compute_seconds(), report.collective_seconds()
     compute += w * c
     comm += w * m
-    step += w * (c + m + hw.step_overhead)
+    step += w * report.step_seconds()
     peak += w * acc.memory["peak"]
     sent += w * sum(r["bytes_per_device"] * r["count"] for r in records)
   return step, compute, comm, peak, sent

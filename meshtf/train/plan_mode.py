@@ -1,8 +1,10 @@
 """--mode=plan: what the config's training step needs per device on its
 mesh and layout -- memory, flops, collectives, an estimated step time on a
 hardware model -- without devices and without running anything
-(meshtf/plan/). Prints one screen and writes the report as JSON and a
-picture of every variable's layout (meshtf/plan/pictures.py) as PNG.
+(meshtf/plan/). Prints one screen -- with the collectives that send the
+most bytes and why each exists (the operation, the layouts that met and
+their origins) -- and writes the report as JSON and a picture of every
+variable's layout (meshtf/plan/pictures.py) as PNG.
 
   python -m meshtf.train --config=t2t_configs/gspmd_dense.py --mode=plan \\
       --config.plan_hardware=tpuv3 --model_dir=/tmp/plan_64b
@@ -17,6 +19,9 @@ import os
 import time
 
 PLAN_FILE = "plan.json"
+# The collectives --mode=plan prints with their reasons (all of them are in
+# the JSON; the most expensive first).
+PLAN_TOP_COLLECTIVES = 5
 PICTURE_FILE = "layouts.png"
 
 
@@ -32,7 +37,10 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None):
   from meshtf.train import experiment
   t0 = time.time()
   graph, _ = experiment.build_training_graph(config, mesh_layout)
-  report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware)
+  # XLA compiles the program (fused kernels) where jit_compile is on.
+  report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware,
+                         compiler="xla" if config.get("jit_compile")
+                         else None)
   summary = report.summary()
   summary["config"] = {"mesh_shape": str(config.mesh_shape),
                        "layout": str(config.layout),
@@ -44,6 +52,8 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None):
     summary["layout_search"] = layout_choice
   largest = max(graph.trainable_variables, key=lambda v: v.shape.size)
   for line in report.text().splitlines():
+    log(line)
+  for line in report.explain(top=PLAN_TOP_COLLECTIVES).splitlines():
     log(line)
   log("largest variable %s, per processor:" % largest.name)
   picture = mtf.visualize_layout(largest.outputs[0], report.graph_layout.

@@ -96,7 +96,8 @@ def _plan_entry(config, entry):
   try:
     layout = config_lib.validate(c, check_data=False)
     graph, _ = experiment.build_training_graph(c, layout)
-    summary = mtf.plan.plan(graph, layout, c.plan_hardware).summary()
+    summary = mtf.plan.plan(graph, layout, c.plan_hardware, compiler=(
+        "xla" if c.get("jit_compile") else None)).summary()
   except (config_lib.ConfigError, LayoutError, ValueError) as e:
     row["problem"] = " ".join(str(e).split())
     return row

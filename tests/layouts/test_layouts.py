@@ -89,3 +89,68 @@ def test_device_count_error():
 def test_bad_layout_string(bad):
   with pytest.raises(mtf.LayoutError, match="dim:mesh_axis"):
     mtf.convert_to_layout_rules(bad)
+
+
+# --- rules naming an axis the mesh lacks: strict, or inactive (Mesh TF) -------
+T5_RULES = ("ensemble:ensemble,batch:batch,d_ff:model,heads:model,"
+            "vocab:model,experts:batch")
+
+
+def test_meshtf_rules_naming_an_absent_axis_are_an_error():
+  with pytest.raises(mtf.LayoutError) as e:
+    mtf.MeshLayout("batch:8", T5_RULES)
+  msg = str(e.value)
+  assert "'ensemble:ensemble'" in msg and "'batch:8'" in msg
+  assert "\n" not in msg
+  assert mtf.layouts.convert_to_layout_rules(T5_RULES).absent_axes == "error"
+
+
+@pytest.mark.parametrize("mesh,active,split", [
+    # split: the mesh axis of [batch, heads, d_model] under the rules left.
+    ("batch:8", [("batch", "batch"), ("experts", "batch")], (0, None, None)),
+    ("model:4;batch:2", [("batch", "batch"), ("d_ff", "model"),
+                         ("heads", "model"), ("vocab", "model"),
+                         ("experts", "batch")], (1, 0, None)),
+    ("", [], (None, None, None)),
+])
+def test_inactive_rules_are_dropped_with_one_warning_naming_them(
+    mesh, active, split):
+  from meshtf.layouts import InactiveLayoutRuleWarning
+  rules = mtf.layouts.convert_to_layout_rules(T5_RULES).with_absent_axes(
+      "inactive")
+  with pytest.warns(InactiveLayoutRuleWarning) as caught:
+    layout = mtf.MeshLayout(mesh, rules)
+  assert len(caught) == 1
+  msg = str(caught[0].message)
+  assert "'ensemble:ensemble'" in msg and "Mesh TensorFlow" in msg
+  assert "\n" not in msg
+  for dim, axis in active:
+    assert "'%s:%s'" % (dim, axis) not in msg
+  assert layout.layout_rules.pairs == active
+  assert layout.layout_rules.absent_axes == "error"
+  shape = mtf.convert_to_shape("batch:8;heads:4;d_model:6")
+  assert tuple(layout.tensor_layout(shape)) == split
+
+
+def test_inactive_rules_on_a_mesh_that_has_every_axis_warn_nothing():
+  import warnings
+  rules = mtf.layouts.convert_to_layout_rules(
+      "batch:batch;heads:model").with_absent_axes("inactive")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    layout = mtf.MeshLayout("batch:2;model:4", rules)
+  assert layout.layout_rules == rules
+
+
+def test_split_by_mesh_and_policy_are_pure_data():
+  rules = mtf.layouts.convert_to_layout_rules("batch:x+y;d_ff:z")
+  active, inactive = rules.split_by_mesh(mtf.convert_to_shape("x:2;y:2"))
+  assert active.pairs == [("batch", "x+y")] and inactive == [("d_ff", "z")]
+  # A multi-axis rule is inactive if any of its axes is absent.
+  active, inactive = rules.split_by_mesh(mtf.convert_to_shape("x:2;z:2"))
+  assert active.pairs == [("d_ff", "z")] and inactive == [("batch", "x+y")]
+  lenient = rules.with_absent_axes("inactive")
+  assert lenient == rules and lenient.absent_axes == "inactive"
+  assert "absent_axes='inactive'" in repr(lenient)
+  with pytest.raises(ValueError, match="absent_axes"):
+    mtf.LayoutRules([("batch", "x")], absent_axes="ignore")

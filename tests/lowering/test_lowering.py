@@ -99,7 +99,32 @@ RESHAPE_CASES = [
      {"allconcat"}),
     ("a:4;b:6", "c:24", "all:2", "a:all", {"allconcat"}),
     ("a:4;b:6", "a:4;c:2;d:3", "all:2", "a:all", set()),
+    # GShard's groups -> experts over both axes of a 2-D mesh: one alltoall
+    ("eu:8;g:8;m:3", "e:8;gu:8;m:3", "rows:2;cols:4", "g:rows+cols;"
+     "e:rows+cols", {"alltoall"}),
 ]
+
+
+@pytest.mark.parametrize("backend", list(harness.BACKENDS))
+def test_multi_axis_alltoall_moves_n_minus_1_over_n(backend):
+  """A split over both axes of a 2-D mesh moving to another dim (GShard's
+  dispatched tokens, groups -> experts) is one alltoall over all 8
+  processors: 7/8 of the slice per device, not 7x it (gather and split);
+  the values are the reshape's."""
+  graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+  old_shape = mtf.convert_to_shape("eu:8;g:8;c:2;m:3")
+  full = harness.random_array(old_shape.to_integer_list, 9)
+  x = mtf.import_tf_tensor(mesh, tf.constant(full), old_shape)
+  y = mtf.reshape(x, "e:8;gu:8;c:2;m:3")
+  impl = harness.make_impl(backend, "rows:2;cols:4", "g:rows+cols;"
+                           "e:rows+cols")
+  lowering = mtf.Lowering(graph, {mesh: impl}, outputs=[y])
+  np.testing.assert_array_equal(lowering.export_to_tf_tensor(y).numpy(), full)
+  stats = lowering.collective_stats()
+  slice_bytes = 8 * 2 * 3 * 4   # [eu:8, g:1, c:2, m:3] float32
+  assert [(s["kind"], s["mesh_axes"], s["group_size"], s["bytes_per_device"])
+          for s in stats] == [("alltoall", ("rows", "cols"), 8,
+                               slice_bytes * 7 // 8)]
 
 
 @pytest.mark.parametrize("old,new,mesh_shape,layout,kinds", RESHAPE_CASES)
@@ -123,10 +148,42 @@ def test_collective_summary_text():
   lowering = lower(graph, mesh, "rows:2;cols:4", "b:rows;k:cols")
   assert float(lowering.export_to_tf_tensor(s)) == 64.0
   stats = lowering.collective_stats()
+  reasons = stats[0].pop("reasons")
   assert stats == [{"kind": "allreduce_sum", "mesh_axes": ("rows", "cols"),
                     "group_size": 8, "elements_per_device": 1,
                     "bytes_per_device": 7, "count": 1}]  # 2 * 7/8 * 4 bytes
   assert "allreduce_sum" in lowering.collective_summary()
+  # Why: the sum's partial sums over both axes (b and k split by the
+  # rules), reduced for the export.
+  assert [(r.cause, r.op, r.tensor) for r in reasons] == [
+      ("reduce", "(export)", s.name)]
+  assert reasons[0].held == ("partial sums over rows+cols: reduce_sum sums "
+                             "b:rows (rules b:rows), k:cols (rules k:cols)")
+
+
+def test_every_collective_says_why_and_explain_ranks_them():
+  """Provenance: a relayout names the reading operation, the tensor, the
+  annotation behind the layout it was held in and the rule or annotation
+  behind the layout wanted; partial sums name the summing operation and
+  the split dims; explain() ranks them by bytes."""
+  graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+  x = mtf.shard(mtf.zeros(mesh, "b:8;k:16"), "k:cols", name="x_by_k")
+  w = mtf.get_variable(mesh, "w", "k:16;h:8")
+  y = mtf.einsum([x, w], output_shape="b:8;h:8", name="proj")
+  z = mtf.shard(mtf.relu(y), "b:rows;h:cols", name="out")
+  lowering = lower(graph, mesh, "rows:2;cols:4", "b:rows")
+  lowering.export_to_tf_tensor(z)
+  why = {(s["kind"], r.cause): r for s in lowering.collective_stats()
+         for r in s["reasons"]}
+  # proj contracts k, split over cols by the annotation x_by_k: partial
+  # sums, scattered where out's annotation splits h over cols.
+  rs = why[("reduce_scatter", "reduce_scatter")]
+  assert rs.tensor == y.name and "proj sums k:cols" in rs.held
+  assert "annotation mtf.shard 'x_by_k'" in rs.held
+  assert "h:cols (annotation mtf.shard 'out'" in rs.wanted
+  text = lowering.explain(top=3)
+  assert text.splitlines()[0].startswith("collectives by bytes sent")
+  assert "reduce_scatter over cols" in text and "x_by_k" in text
 
 
 def test_pending_sum_with_two_consumers_is_reduced_once():

@@ -153,7 +153,8 @@ def test_gspmd_2d_finalized_feed_forward_emits_figure_7():
                   "batch:x;d_model:y")
     w_in = mtf.get_variable(mesh, "w_in", "d_model:8;d_ff:16")
     w_out = mtf.get_variable(mesh, "w_out", "d_ff:16;d_model:8")
-    h = mtf.relu(mtf.einsum([x, w_in], reduced_dims=["d_model"]))
+    h = mtf.shard(mtf.relu(mtf.einsum([x, w_in], reduced_dims=["d_model"])),
+                  "batch:x;d_ff:y")
     y = mtf.einsum([h, w_out], reduced_dims=["d_ff"])
     return {"h": h, "y": mtf.shard(y, "batch:x;d_model:y")}
   lowering, out = _lower(build, "d_model:x;d_ff:y")

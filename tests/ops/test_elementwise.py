@@ -364,8 +364,107 @@ def test_add_n():
   harness.assert_layout_invariant(
       model, {"a": (a, X_SHAPE), "b": (b, X_SHAPE), "c": (c, Y_SHAPE)},
       BROADCAST_LAYOUTS, wrt=["a", "b", "c"], reference=reference)
-  with pytest.raises(ValueError, match="at least one"):
-    mtf.add_n([])
+
+
+def test_add_n_of_nothing_is_zero_as_in_mesh_tf():
+  """Mesh TF's add_n([]) is 0, so `loss + mtf.add_n(extra_losses)` works
+  for a model without extra losses (its transformer's call_simple sums an
+  empty list): the sum is then loss itself, on every layout."""
+  assert mtf.add_n([]) == 0 and mtf.add_n(iter([])) == 0
+  x = uniform([8, 4], 23)
+  def model(mesh, t):
+    return {"y": t["x"] + mtf.add_n([]), "z": mtf.add_n([]) * t["x"]}
+  runs = harness.assert_layout_invariant(
+      model, {"x": (x, X_SHAPE)}, XY_LAYOUTS, wrt=["x"],
+      reference=lambda t: {"y": t["x"], "z": 0.0 * t["x"]})
+  for run in runs.values():
+    np.testing.assert_array_equal(run.outputs["y"], x)
+
+
+# --- a scalar tf.Tensor in meshtf arithmetic ----------------------------------
+# Mesh TF's optimizers multiply Tensors by a learning rate and a decay rate
+# that are tf.Tensors computed from the step; Mesh TF allowed it.
+def test_scalar_tf_tensors_mix_with_meshtf_tensors_eagerly():
+  x = uniform([8, 4], 30)
+  lr, var = tf.constant(0.5), tf.Variable(3.0)
+  f64, half = tf.constant(0.25, tf.float64), tf.constant(-0.5, tf.bfloat16)
+
+  def model(mesh, t):
+    x = t["x"]
+    return {"mul": x * lr, "rmul": lr * x, "sub": x - lr, "rsub": lr - x,
+            "div": x / var, "rdiv": var / (x * x + 1.0),
+            "max": mtf.maximum(x, lr), "f64": x * f64,
+            "where": mtf.where(mtf.greater(x, 0.0), lr, x),
+            "bf16": mtf.cast(mtf.cast(x, tf.bfloat16) * half, tf.float32)}
+
+  def reference(t):
+    x = t["x"]
+    return {"mul": x * 0.5, "rmul": 0.5 * x, "sub": x - 0.5, "rsub": 0.5 - x,
+            "div": x / 3.0, "rdiv": 3.0 / (x * x + 1.0),
+            "max": tf.maximum(x, 0.5), "f64": x * 0.25,
+            "where": tf.where(x > 0.0, 0.5, x),
+            "bf16": tf.cast(tf.cast(x, tf.bfloat16) * tf.constant(
+                -0.5, tf.bfloat16), tf.float32)}
+  harness.assert_layout_invariant(model, {"x": (x, X_SHAPE)}, XY_LAYOUTS,
+                                  wrt=["x"], reference=reference)
+
+
+@pytest.mark.parametrize("backend", sorted(harness.BACKENDS))
+def test_symbolic_tf_scalars_are_read_when_the_program_runs(backend):
+  """Inside a MeshFunction the scalar is a symbolic tf.Tensor (e.g. a
+  schedule of the step): it is a program input, never a numpy constant, so
+  each call sees its value; a tf.Variable is read on every call too."""
+  x = uniform([8, 4], 31)
+  var = tf.Variable(2.0)
+  builds = []
+
+  def build(mesh, x_tf, lr_tf):
+    builds.append(1)
+    xm = mtf.import_tf_tensor(mesh, x_tf, X_SHAPE)
+    lr = tf.math.sqrt(lr_tf)          # computed in the traced function
+    w = mtf.get_variable(mesh, "w", "hidden:4",
+                         initializer=mtf.ones_initializer())
+    loss = mtf.reduce_sum(xm * w * lr) + var - mtf.reduce_sum(w) * 0.0
+    g, = mtf.gradients([loss], [w])
+    mtf.assign_sub(w, g * lr)         # Mesh TF's update: grad * rate
+    return [loss, w * 1.0]
+
+  impl = harness.make_impl(backend, "rows:2;cols:4", "batch:rows;hidden:cols")
+  step = mtf.MeshFunction(build, impl)
+  w = np.ones([4], np.float32)
+  for lr, v in [(0.25, 2.0), (4.0, -1.0), (1.0, 0.5)]:
+    var.assign(v)
+    loss, w_out = step(tf.constant(x), tf.constant(lr))
+    rate = np.sqrt(lr)
+    np.testing.assert_allclose(float(loss), (x * w).sum() * rate + v,
+                               rtol=1e-5)
+    np.testing.assert_allclose(w_out.numpy(), w, rtol=1e-5)  # before update
+    w = w - x.sum(0) * rate * rate
+  assert len(builds) <= 2     # traced once (twice when creating variables)
+
+
+def test_tf_scalar_is_imported_once_per_mesh_and_dtype():
+  graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+  x = mtf.ones(mesh, X_SHAPE)
+  lr = tf.constant(0.5)
+  y = x * lr + x * lr - lr * x + mtf.cast(mtf.cast(x, tf.bfloat16) * lr,
+                                          tf.float32)
+  imports = [op for op in graph.operations if op.name.startswith(
+      "import_tf_scalar")]
+  assert len(imports) == 2, imports     # float32 and bfloat16
+  assert {op.outputs[0].dtype for op in imports} == {tf.float32, tf.bfloat16}
+  assert y.shape == X_SHAPE
+
+
+def test_tf_tensor_operands_that_cannot_mix_fail_clearly():
+  graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+  x = mtf.ones(mesh, X_SHAPE)
+  with pytest.raises(ValueError, match=r"shape \(8,\).*import_tf_tensor"):
+    x * tf.ones([8])
+  with pytest.raises(TypeError, match=r"int32 tf.Tensor.*float32.*tf.cast"):
+    x * tf.constant(2)
+  with pytest.raises(TypeError, match=r"float32 tf.Tensor.*int32"):
+    mtf.ones(mesh, X_SHAPE, dtype=tf.int32) * tf.constant(2.0)
 
 
 def _sum_of_partial_sums(mesh, t):

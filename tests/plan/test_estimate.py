@@ -4,6 +4,7 @@ program emits -- for the Mesh-TF paper's two-layer step, lm_tiny and
 moe_tiny under data, model, 2-D, multi-axis, uneven and weight-update-
 sharding layouts."""
 import collections
+import os
 
 import pytest
 
@@ -93,3 +94,19 @@ def test_unread_outputs_are_reduced_as_exported():
       ("allreduce_sum", ["x"], 1)]
   assert estimate.estimate_collectives(graph.operations, graph_layout,
                                        outputs=[]) == []
+
+
+def test_gspmd_2d_finalized_tiny_annotated():
+  """The annotated program (the completion's layouts: mirrored backward
+  operations, reduce-scatters into mirrored readers, a rename's relayout
+  shared with its input's, partial sums passing a local rename): the
+  estimate equals the traced program, record for record."""
+  config = config_lib.load_file(os.path.join(
+      os.path.dirname(__file__), "..", "..", "t2t_configs",
+      "gspmd_dense.py"), "tiny")
+  layout = config_lib.mesh_layout(config)
+  graph, _ = experiment.build_training_graph(config, layout)
+  traced, estimated = _both(graph, layout)
+  assert traced and estimated == traced, (
+      "estimated-only %s\ntraced-only %s" % (estimated - traced,
+                                             traced - estimated))

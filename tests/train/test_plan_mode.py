@@ -24,12 +24,15 @@ def test_plan_of_the_default_experiment(tmp_path):
   assert code == 0, err
   for part in ("plan: mesh data:4;model:2", "memory per device",
                "collectives per step", "step time estimate",
+               "collectives by bytes sent per device", "held:", "wanted:",
                "largest variable", "nothing run"):
     assert part in out, out
   report = json.load(open(tmp_path / "plan.json"))
   assert report["hardware"] == "cpu" and report["step_seconds"] > 0
   assert report["config"]["mesh_shape"] == "data:4;model:2"
   assert report["collective_bytes_per_device"] > 0
+  # The top collectives, each with why it exists.
+  assert report["top_collectives"][0]["reason"]["held"]
   # Every variable's layout as a PNG; no checkpoint, no lock.
   assert sorted(os.listdir(tmp_path)) == ["layouts.png", "plan.json"]
   assert "layout drawn in %s" % (tmp_path / "layouts.png") in out
@@ -58,5 +61,5 @@ def test_unknown_hardware_model_is_one_line(tmp_path):
   assert code == 2 and not out
   line, = err.splitlines()
   assert "plan_hardware='tpu9' is not a hardware model" in line
-  assert "cpu | h100_8x_node | tpuv3" in line
+  assert "cpu | h100_8x_node | tpuv2 | tpuv3 | tpuv4" in line
   assert not os.path.exists(tmp_path / "plan.json")

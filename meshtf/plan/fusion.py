@@ -1,0 +1,225 @@
+"""What an op costs on a device: one kernel per op (TensorFlow's executor)
+or XLA's fused kernels, each at its roofline.
+
+Where XLA compiles the program (hardware compiler "xla": TPU; GPUs with
+jit_compile), chains of elementwise ops are fused: a fused kernel reads
+the tensors that enter it and writes the tensors that leave it, once each;
+what stays inside costs no memory traffic. Which ops fuse, as XLA's loop
+and input fusion do it (stated assumptions):
+
+  fusible     elementwise, broadcast, cast, scalar ops, one-hots, ranges,
+              fills, random numbers, reshapes, slices / pads / concats,
+              gathers, annotations, variable assignments
+  reducing    sum/max/... reductions, cumsums, one-operand einsums: fuse
+              with their producers; their output is written and read back
+              (XLA does not fuse a reduction's consumers into it)
+  kernels     einsums, convolutions, top_k, sort, scatter: one kernel each
+              reading its operands and writing its output
+  free        variables, imports, constants (their readers pay the reads)
+
+A tensor that a collective relays between its producer and a reader is
+written by the producer's kernel and read by the reader's. Fusions never
+form a cycle: each op gets a stage, the most kernels (or relays) on a path
+from the graph's inputs to it, and ops fuse only within a stage.
+
+An einsum's time is max(flops / peak, bytes / memory bandwidth); on a
+matrix unit of tile T (TPU MXU: 128x128) its contracted and output sizes
+are padded to multiples of T on the operand that stays in the unit (the
+cheaper orientation). Not modelled: XLA's output fusion of elementwise
+consumers into einsums, layout copies (transposes) it inserts, kernel
+launch and per-fusion overheads on TPU.
+
+Example:
+  >>> costs = op_seconds(graph.operations, graph_layout, hw)
+  >>> sum(costs.values())   # the step's compute, seconds per device
+"""
+import collections
+
+from meshtf import shapes
+from meshtf.lowering import lowering as lowering_lib
+from meshtf.plan import accounting
+
+_FUSIBLE = frozenset([
+    "BinaryOperation", "BinaryOpWithBroadcasting", "UnaryOperation",
+    "ScalarMultiplyOperation", "ScalarAddOperation", "CastOperation",
+    "BroadcastOperation", "WhereOperation", "OneHotOperation",
+    "RangeOperation", "FillOperation", "StopGradientOperation",
+    "RandomOperation", "StepRandomUniformOperation", "ReshapeOperation",
+    "SliceOperation", "PadOperation", "ConcatOperation", "SplitOperation",
+    "StackOperation", "UnstackOperation", "TransposeOperation",
+    "GatherOperation", "ShardOperation", "LayoutLikeOperation",
+    "AssignOperation", "DependOperation", "ShiftOperation"])
+_REDUCING = frozenset(["ReduceOperation", "CumsumOperation"])
+_FREE = frozenset(["Variable", "ReadVariableOperation", "ImportOperation",
+                   "ImportSlicesOperation", "ImportLaidOutTensorOperation",
+                   "ConstantOperation"])
+
+
+def _kind(op):
+  name = type(op).__name__
+  if name in _FREE:
+    return "free"
+  if name == "EinsumOperation":
+    return "reducing" if len(op.inputs) == 1 else "kernel"
+  if name in _REDUCING:
+    return "reducing"
+  if name in _FUSIBLE:
+    return "fusible"
+  return "kernel"
+
+
+def _tile(n, tile):
+  return -(-n // tile) * tile if tile else n
+
+
+def einsum_flops(op, layout, tile=0):
+  """Flops of a two-operand einsum on its local slices, with the
+  contracted size and the stationary operand's free size padded to the
+  matrix unit's `tile` (0: unpadded; see the module docstring)."""
+  x, y = op.inputs[0].shape, op.inputs[1].shape
+  out = set(op.outputs[0].shape.dimension_names)
+  xs, ys = set(x.dimension_names), set(y.dimension_names)
+  size = {d.name: layout.slice_size(shapes.Shape([d]))
+          for d in op._all_dims.dims}  # pylint: disable=protected-access
+  def prod(names):
+    v = 1
+    for n in names:
+      v *= size[n]
+    return v
+  batch = prod(n for n in size if n in xs and n in ys and n in out)
+  k = prod(n for n in size if n not in out)
+  m = prod(n for n in size if n in xs and n not in ys and n in out)
+  n_ = prod(n for n in size if n in ys and n not in xs and n in out)
+  if not tile:
+    return 2 * batch * m * k * n_
+  return 2 * batch * _tile(k, tile) * min(m * _tile(n_, tile),
+                                          _tile(m, tile) * n_)
+
+
+def _roofline(flops, nbytes, hw):
+  return max(flops / hw.peak_flops, nbytes / hw.memory_bandwidth)
+
+
+def op_seconds(operations, graph_layout, hw, costs=None):
+  """{op: seconds} of every operation (all_operations order) on hw: one
+  kernel per op for compiler "tf" (+ hw.kernel_overhead each), fused
+  kernels for "xla", a fused kernel's time spread over its ops in
+  proportion to their unfused bytes. costs: {op: accounting.OpCost} when
+  already counted."""
+  ops = list(lowering_lib.all_operations(list(operations)))
+  if costs is None:
+    costs = {op: accounting.op_cost(op, graph_layout.op_layout(op),
+                                    graph_layout) for op in ops}
+  if hw.compiler != "xla":
+    return {op: _roofline(c.flops, c.bytes, hw) + (
+        hw.kernel_overhead if _kind(op) != "free" else 0.0)
+            for op, c in costs.items()}
+  return _fused_seconds(ops, graph_layout, hw, costs)
+
+
+class _Fusions(object):
+  """Union-find of the ops that fuse (see the module docstring)."""
+
+  def __init__(self, ops, graph_layout):
+    self.index = {op: i for i, op in enumerate(ops)}
+    self.parent = list(range(len(ops)))
+    self.kinds = [_kind(op) for op in ops]
+    self.graph_layout = graph_layout
+    self._relaid = {}
+    stage_out = [0] * len(ops)
+    for i, op in enumerate(ops):
+      stage = 0
+      producers = []
+      for t in op.inputs:
+        p = self.index.get(t.operation)
+        if p is None:
+          continue
+        relaid = self.relaid(t, op)
+        stage = max(stage, stage_out[p] + (1 if relaid else 0))
+        producers.append((p, relaid))
+      kind = self.kinds[i]
+      stage_out[i] = stage + (0 if kind == "fusible" else 1)
+      if kind in ("fusible", "reducing"):
+        for p, relaid in producers:
+          if (not relaid and self.kinds[p] == "fusible" and
+              stage_out[p] == stage):
+            self.union(p, i)
+
+  def relaid(self, t, reader):
+    key = (t, reader)
+    if key not in self._relaid:
+      gl = self.graph_layout
+      self._relaid[key] = (
+          gl.tensor_mesh_layout(t).tensor_layout(t.shape) !=
+          gl.op_layout(reader).tensor_layout(t.shape))
+    return self._relaid[key]
+
+  def find(self, i):
+    while self.parent[i] != i:
+      self.parent[i] = self.parent[self.parent[i]]
+      i = self.parent[i]
+    return i
+
+  def union(self, a, b):
+    ra, rb = self.find(a), self.find(b)
+    if ra != rb:
+      self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def fusions(operations, graph_layout):
+  """[[op, ...]] the fused kernels XLA would form (module docstring):
+  each list an op group, in graph order; kernels and free ops alone."""
+  ops = list(lowering_lib.all_operations(list(operations)))
+  f = _Fusions(ops, graph_layout)
+  groups = collections.OrderedDict()
+  for i, op in enumerate(ops):
+    groups.setdefault(f.find(i), []).append(op)
+  return list(groups.values())
+
+
+def _fused_seconds(ops, graph_layout, hw, costs):
+  f = _Fusions(ops, graph_layout)
+  readers = collections.defaultdict(list)
+  for op in ops:
+    for t in dict.fromkeys(op.inputs):
+      readers[t].append(op)
+  members = collections.defaultdict(list)
+  for i in range(len(ops)):
+    members[f.find(i)].append(i)
+  seconds = {}
+  for root, group in members.items():
+    group_ops = [ops[i] for i in group]
+    kind = f.kinds[root]
+    if len(group) == 1 and kind in ("free",):
+      seconds[group_ops[0]] = 0.0
+      continue
+    if len(group) == 1 and kind == "kernel":
+      op = group_ops[0]
+      c = costs[op]
+      flops = c.flops
+      if type(op).__name__ == "EinsumOperation" and hw.matmul_tile:
+        flops = einsum_flops(op, graph_layout.op_layout(op), hw.matmul_tile)
+      seconds[op] = _roofline(flops, c.bytes, hw)
+      continue
+    inside = set(group_ops)
+    nbytes = 0
+    seen = set()
+    for op in group_ops:
+      layout = graph_layout.op_layout(op)
+      for t in op.inputs:
+        if (t.operation in inside and not f.relaid(t, op)) or t in seen:
+          continue
+        seen.add(t)
+        nbytes += layout.slice_size(t.shape) * t.dtype.size
+      for t in op.outputs:
+        outside = [r for r in readers.get(t, ())
+                   if r not in inside or f.relaid(t, r)]
+        if outside or not readers.get(t):
+          nbytes += layout.slice_size(t.shape) * t.dtype.size
+    flops = sum(costs[op].flops for op in group_ops)
+    total = _roofline(flops, nbytes, hw)
+    weights = [costs[op].bytes + 1 for op in group_ops]
+    norm = float(sum(weights))
+    for op, w in zip(group_ops, weights):
+      seconds[op] = total * w / norm
+  return seconds

@@ -1,0 +1,56 @@
+"""bench/papers.py's tables: the README's reproduction tables are what
+the generator prints from the saved run, and the generator's cells."""
+import pathlib
+
+from conftest import load_file
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+# The run before the sharding completion (labels "before": the model at
+# f8fd043, "after": the interconnect, fusion and overlap models) and the
+# run on main with it (label "completion").
+BEFORE = ROOT / "bench" / "results" / "cpu2_papers_2026-11-27.jsonl"
+RESULTS = ROOT / "bench" / "results" / "cpu2_papers_completion_2026-11-27.jsonl"
+COMPARE = ("before=f8fd043", "after=without completion",
+           "completion=with completion")
+
+
+def _block(text, name):
+  return text.split("<!-- %s:begin -->\n" % name, 1)[1].split(
+      "<!-- %s:end -->" % name, 1)[0]
+
+
+def test_readme_tables_are_the_saved_runs():
+  bench = load_file("bench/papers.py", "papers")
+  lines = bench.read_runs("%s,%s" % (BEFORE, RESULTS))
+  readme = (ROOT / "README.md").read_text()
+  now = [r for r in lines if r.get("label") == "completion"]
+  assert _block(readme, "papers") == bench.markdown_table(now)
+  assert _block(readme, "papers-compare") == bench.compare_table(
+      lines, *COMPARE)
+  # The commands the README shows print them.
+  assert ("--table=bench/results/%s --label=completion" % RESULTS.name
+          in readme)
+  assert ("--table=bench/results/%s,bench/results/%s" % (
+      BEFORE.name, RESULTS.name) in readme)
+  assert '--compare="%s"' % ",".join(COMPARE) in readme
+
+
+def test_compare_heads_each_run():
+  bench = load_file("bench/papers.py", "papers")
+  rows = [dict(bench._row("T", "r", "step_seconds", 2.0, plan, unit="s"),
+               label=label) for label, plan in (("a", 4.0), ("b", 3.0))]
+  table = bench.compare_table(rows, "a=old model", "b")
+  assert table.splitlines()[0] == ("| table | row | paper | plan old model "
+                                   "| plan b |")
+  assert table.splitlines()[2] == "| T | r | 2 s | 4 s (2.00) | 3 s (1.50) |"
+
+
+def test_cells_read_paper_plan_and_ratio():
+  bench = load_file("bench/papers.py", "papers")
+  rows = [bench._row("T", "r", "step_seconds", 2.0, 3.0, unit="s"),
+          bench._row("T", "r", "parameters_2^30", 10, None, unit="2^30",
+                     note="no model")]
+  table = bench.markdown_table(rows)
+  assert table.splitlines()[0] == "| T | step | parameters (x 2^30) |"
+  assert table.splitlines()[2] == ("| r | 2 s / 3 s (1.50) | "
+                                   "10 / -- (no model) |")

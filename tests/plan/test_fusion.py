@@ -1,0 +1,150 @@
+"""The compiler models (meshtf/plan/fusion.py, timeline.py): XLA's fused
+kernels priced by the bytes entering and leaving them, the matrix unit's
+tile padding, and collectives beside the compute that does not need
+them -- against hand counts on small graphs."""
+import pytest
+
+import meshtf as mtf
+import meshtf.plan  # noqa: F401
+from meshtf.lowering import lowering as lowering_lib
+from meshtf.plan import fusion
+from meshtf.plan import hardware
+from meshtf.plan import timeline
+
+TPU = hardware.get("tpuv3")
+
+
+def _names(groups):
+  return [sorted(type(op).__name__ + ":" + op.name for op in g)
+          for g in groups if len(g) > 1]
+
+
+def _graph(build, mesh_shape="all:1", layout=""):
+  graph = mtf.Graph()
+  out = build(mtf.Mesh(graph, "m"))
+  mesh_layout = mtf.MeshLayout(mesh_shape, layout)
+  graph_layout = mesh_layout.assign(
+      lowering_lib.all_operations(graph.operations))
+  return graph, graph_layout, out
+
+
+def test_an_elementwise_chain_is_one_kernel_reading_once():
+  """relu(x) * 2 + 1: one kernel reads x and writes the result (2 x 4 MB
+  of float32), where one kernel per op moves 3 x 8 MB (and TF's import of
+  x 4 MB more)."""
+  def build(mesh):
+    x = mtf.import_tf_tensor(mesh, __import__("tensorflow").zeros(
+        [1024, 1024]), "a:1024;b:1024")
+    return mtf.relu(x) * 2.0 + 1.0
+  graph, gl, _ = _graph(build)
+  groups = [g for g in fusion.fusions(graph.operations, gl) if len(g) > 1]
+  assert len(groups) == 1 and len(groups[0]) == 3
+  fused = sum(fusion.op_seconds(graph.operations, gl, TPU).values())
+  assert fused == pytest.approx(2 * 4 * 2 ** 20 / TPU.memory_bandwidth)
+  unfused = sum(fusion.op_seconds(graph.operations, gl,
+                                  TPU.with_compiler("tf")).values())
+  assert unfused == pytest.approx(7 * 4 * 2 ** 20 / TPU.memory_bandwidth)
+
+
+def test_reductions_end_a_kernel_and_einsums_stand_alone():
+  """softmax = exp(x - max) / sum(exp(x - max)): the reductions fuse with
+  their producers, their consumers start new kernels (XLA's input
+  fusion); an einsum is a kernel of its own, and the residual add after
+  it cannot join the norm before it (that would be a cycle)."""
+  def build(mesh):
+    x = mtf.random_normal(mesh, "b:64;d:128")
+    w = mtf.get_variable(mesh, "w", "d:128;e:128")
+    s = mtf.softmax(x, reduced_dim=mtf.Dimension("d", 128))
+    y = mtf.einsum([s, w], output_shape="b:64;e:128")
+    return mtf.rename_dimension(y, "e", "d") + x
+  graph, gl, _ = _graph(build)
+  groups = fusion.fusions(graph.operations, gl)
+  einsum = [g for g in groups if any(
+      type(op).__name__ == "EinsumOperation" for op in g)]
+  assert len(einsum) == 1 and len(einsum[0]) == 1
+  kinds = [sorted({type(op).__name__ for op in g}) for g in groups
+           if len(g) > 1]
+  # No group holds ops on both sides of the einsum.
+  position = {op: i for i, op in enumerate(graph.operations)}
+  at = position[einsum[0][0]]
+  for g in groups:
+    if g == einsum[0]:
+      continue
+    assert (all(position[op] < at for op in g) or
+            all(position[op] > at for op in g)), kinds
+  assert any("ReduceOperation" in k for k in kinds), kinds
+
+
+def test_a_relayout_between_two_ops_cuts_the_kernel():
+  def build(mesh):
+    x = mtf.random_normal(mesh, "b:64;d:128")
+    # Two annotations in a row: the second is a relayout (the sharding
+    # completion lays out exp like the first, negative like the second).
+    y = mtf.shard(mtf.exp(x), "d:all")
+    return mtf.negative(mtf.shard(y, "b:all"))
+  graph, gl, _ = _graph(build, "all:4", "b:all")
+  groups = _names(fusion.fusions(graph.operations, gl))
+  assert not any(any("negative" in n for n in g) and
+                 any("exp" in n for n in g) for g in groups), groups
+
+
+def test_einsums_pad_to_the_matrix_units_tile():
+  """A [64, 64] x [64, 256] matmul on a 128x128 matrix unit: the
+  contraction pads 64 -> 128; the weight [64, 256] stays in the unit (its
+  256 columns fill whole tiles) and the 64 rows stream through unpadded
+  (staying in the unit, x would pad them too)."""
+  def build(mesh):
+    x = mtf.random_normal(mesh, "b:64;d:64")
+    w = mtf.get_variable(mesh, "w", "d:64;e:256")
+    return mtf.einsum([x, w], output_shape="b:64;e:256")
+  graph, gl, y = _graph(build)
+  op = y.operation
+  layout = gl.op_layout(op)
+  assert fusion.einsum_flops(op, layout) == 2 * 64 * 64 * 256
+  assert fusion.einsum_flops(op, layout, 128) == 2 * 64 * 128 * 256
+
+
+def test_collectives_overlap_the_compute_that_does_not_need_them():
+  ops = [1.0, 1.0, 1.0]
+  price = lambda e: e["seconds"]  # noqa: E731
+  # Ready after op 0, needed by op 2: hidden behind op 1.
+  t = timeline.simulate(ops, [dict(ready=0, needed=2, seconds=0.5)], price)
+  assert t.step == pytest.approx(3.0) and t.exposed == pytest.approx(0.0)
+  # Needed by the next op: op 1 waits for it.
+  t = timeline.simulate(ops, [dict(ready=0, needed=1, seconds=0.5)], price)
+  assert t.step == pytest.approx(3.5) and t.exposed == pytest.approx(0.5)
+  # One interconnect: two collectives ready together run one after the
+  # other, the one needed first first (op 1 waits 1 s, the other runs
+  # beside op 1; the other order would make op 1 wait 2 s).
+  t = timeline.simulate(ops, [dict(ready=0, needed=3, seconds=1.0),
+                              dict(ready=0, needed=1, seconds=1.0)], price)
+  assert t.step == pytest.approx(4.0)
+  # A collective of the step's exports runs after the last op.
+  t = timeline.simulate(ops, [dict(ready=2, needed=3, seconds=2.0)], price)
+  assert t.step == pytest.approx(5.0) and t.collectives == 2.0
+
+
+def test_the_data_parallel_gradient_allreduce_hides_behind_the_backward():
+  """Data parallel on tpuv3, four layers of 64 MB weights (each its own
+  gradient bucket): a layer's gradient allreduce starts when its gradient
+  is computed and is needed only by the update, so all but the first
+  layer's run beside the rest of the backward pass."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.random_normal(mesh, "batch:524288;d:4096")
+  weights = [mtf.get_variable(mesh, "w%d" % i, "d:4096;e:4096")
+             for i in range(4)]
+  for w in weights:
+    x = mtf.rename_dimension(mtf.relu(mtf.einsum(
+        [x, w], output_shape="batch:524288;e:4096")), "e", "d")
+  loss = mtf.reduce_sum(x)
+  grads = mtf.gradients([loss], weights)
+  for w, g in zip(weights, grads):
+    mtf.assign_sub(w, g * 0.1)
+  s = mtf.plan.plan(graph, mtf.MeshLayout("all:64", "batch:all"),
+                    "tpuv3", trace=False).summary()
+  assert [(r["kind"], r["count"]) for r in s["collectives"]] == [
+      ("allreduce_sum", 4), ("allreduce_sum", 1)]   # gradients, the loss
+  assert s["collective_seconds"] > 0.1 * s["compute_seconds"]
+  assert s["exposed_collective_seconds"] < 0.3 * s["collective_seconds"]
+  assert "beside the compute" in s["assumptions"][-1]
