@@ -36,6 +36,8 @@ import collections
 import json
 import os
 import platform
+import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -293,6 +295,9 @@ def _measure_step(name, config, step_fn, phases, session, profile,
       "loss": float(out["loss"]), "grappler": grappler or "default",
       "host": platform.node(), "cpus": os.cpu_count(),
       "load_1min": round(os.getloadavg()[0], 2),
+      # The process's peak resident memory (Linux: ru_maxrss in KiB).
+      "peak_rss_mb": round(resource.getrusage(
+          resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1),
   }
   if profiler is not None:
     result["profile_top_tottime"] = _top(profiler, profile)
@@ -323,8 +328,14 @@ def _child(tree, name, profile, timeout, grappler="", later_steps=3):
                      timeout=timeout)
   lines = [l for l in r.stdout.splitlines() if l.startswith("{")]
   if r.returncode or not lines:
-    return {"bench": "first_step", "case": name, "error":
-            (r.stderr.strip().splitlines() or ["exit %d" % r.returncode])[-1]}
+    # TensorFlow's own log lines (I0000..., E0000...) say nothing of why.
+    said = [l for l in r.stderr.strip().splitlines()
+            if not re.match(r"^[IWE]\d{4} ", l)]
+    why = "exit %d" % r.returncode
+    if r.returncode == -9:
+      why += " (SIGKILL: the kernel's OOM killer, most likely)"
+    return {"bench": "first_step", "case": name, "exit": r.returncode,
+            "error": why + (": " + said[-1] if said else "")}
   return json.loads(lines[-1])
 
 

@@ -69,3 +69,12 @@ def test_a_measurement_has_every_phase():
   # tf.function's (mesh_impl.NOT_LIFTED)
   assert result["phase_calls"]["model_graph"] == 1
   assert result["tf_ops_per_device_program"] > 0 and result["loss"] > 0
+  assert result["peak_rss_mb"] > 0 and result["later_step_s"] > 0
+
+
+def test_a_failed_child_says_why():
+  """A child that fails reports its exit status and its own last line,
+  not TensorFlow's log lines."""
+  result = first_step._child(ROOT, "nope", 0, 300)
+  assert result["exit"] == 1
+  assert result["error"].startswith("exit 1: KeyError: 'nope'"), result
