@@ -13,6 +13,24 @@ def as_shape(x):
   return shapes.convert_to_shape(x)
 
 
+def transpose(t, perm):
+  """tf.transpose(t, perm), a bool tensor moved as bfloat16 (0 and 1 are
+  exact): TensorFlow's oneDNN Transpose logs an error line for bool -- and
+  for the integer types -- on this machine's CPUs ("oneDNN supports
+  DT_BOOL only on platforms with AVX-512"; float32 and bfloat16 do not),
+  which Grappler's constant folding used to hide by folding the attention
+  masks away.
+
+  Example:
+    >>> transpose(tf.constant([[True, False]]), [1, 0]).shape
+    TensorShape([2, 1])
+  """
+  perm = constants.int32(perm)
+  if t.dtype == tf.bool:
+    return tf.cast(tf.transpose(tf.cast(t, tf.bfloat16), perm), tf.bool)
+  return tf.transpose(t, perm)
+
+
 def expand_to(t, old_shape, new_shape):
   """Reorders slice t's dims (named by old_shape) into new_shape's order and
   inserts size-1 axes for dims missing from old_shape, ready to broadcast."""
@@ -20,7 +38,7 @@ def expand_to(t, old_shape, new_shape):
   new_names = new_shape.dimension_names
   perm = [old_names.index(n) for n in new_names if n in old_names]
   if perm != list(range(len(perm))):
-    t = tf.transpose(t, constants.int32(perm))
+    t = transpose(t, perm)
   if len(old_names) != len(new_names):
     sizes = iter(t.shape)
     t = tf.reshape(t, constants.int32([int(next(sizes)) if n in old_names
@@ -31,8 +49,7 @@ def expand_to(t, old_shape, new_shape):
 def transpose_to(t, old_names, new_names):
   """Transposes slice t from dim order old_names to new_names (same set)."""
   perm = [old_names.index(n) for n in new_names]
-  return (tf.transpose(t, constants.int32(perm))
-          if perm != list(range(len(perm))) else t)
+  return transpose(t, perm) if perm != list(range(len(perm))) else t
 
 
 def einsum_equation(input_shapes, output_shape):
