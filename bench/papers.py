@@ -21,7 +21,7 @@ paper scrambles are matched to their rows as each config file says.
 Usage: python bench/papers.py [--only=gspmd_t2,gshard_fig9] [--describe]
          [--label=NAME]
        python bench/papers.py --table=bench/results/papers.jsonl   # the
-         README's reproduction table, from a saved run
+         reproduction tables of docs/papers.md, from a saved run
        python bench/papers.py --table=OLD.jsonl,NEW.jsonl \
          --compare=before,after   # the step rows of labelled runs
 """
@@ -617,7 +617,7 @@ _QUANTITY_NAMES = {
 
 
 def markdown_table(lines):
-  """The README's reproduction tables from bench JSON lines: one per
+  """docs/papers.md's reproduction tables from bench JSON lines: one per
   paper table, a row per table row, a column per quantity, each cell
   "paper / plan (plan / paper)"."""
   tables = []

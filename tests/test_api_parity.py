@@ -4,10 +4,10 @@ tested in the per-family test files.
 
 Module by module: every public top-level function and class of Mesh TF
 0.1.21's files exists in the meshtf module `mesh_tensorflow.<file>`
-resolves to under meshtf.compat, or is named in the README's "Differences
-from Mesh TensorFlow" table. A fixed list of names checks this without
-mesh-tensorflow installed; with it installed, the names are read from its
-source, so a name the list forgot is caught too."""
+resolves to under meshtf.compat, or is named in docs/porting.md's
+"Differences from Mesh TensorFlow" table. A fixed list of names checks this
+without mesh-tensorflow installed; with it installed, the names are read
+from its source, so a name the list forgot is caught too."""
 import ast
 import importlib
 import os
@@ -79,7 +79,7 @@ allreduce_ring allconcat_ring alltoall_pointtwise alltoall_ring""",
     "test_utils": "NumpyConverter",
 }
 # Checked against Mesh TF's source when it is installed: what way 1's
-# transformer modules lack is named in the README's way-2 row.
+# transformer modules lack is named in docs/porting.md's way-2 row.
 MESH_TF_COMPLETE = sorted(MESH_TF_MODULE_NAMES) + [
     "ops", "layers", "transformer.moe", "transformer.transformer",
     "transformer.transformer_layers"]
@@ -101,10 +101,10 @@ def _resolved(module):
 
 
 def _readme_difference_names():
-  """Names in backquotes in the README's difference table (`a.b(...)`
-  gives a.b and b)."""
-  text = (pathlib.Path(__file__).resolve().parent.parent /
-          "README.md").read_text()
+  """Names in backquotes in the difference table of docs/porting.md
+  (`a.b(...)` gives a.b and b)."""
+  text = (pathlib.Path(__file__).resolve().parent.parent / "docs" /
+          "porting.md").read_text()
   table = text.split("### Differences from Mesh TensorFlow", 1)[1].split(
       "\n## ", 1)[0]
   names = set()
@@ -124,7 +124,7 @@ def _missing(module, names):
 def test_mesh_tf_module_names_exist(module):
   missing = _missing(module, MESH_TF_MODULE_NAMES[module].split())
   assert not missing, ("mesh_tensorflow.%s: %s missing from %s and not in "
-                       "the README's difference table" % (
+                       "the difference table of docs/porting.md" % (
                            module, missing, _resolved(module).__name__))
 
 
@@ -144,5 +144,5 @@ def test_mesh_tf_source_names_exist(module):
     assert set(names) == set(MESH_TF_MODULE_NAMES[module].split()), module
   missing = _missing(module, names)
   assert not missing, ("mesh_tensorflow.%s: %s missing from %s and not in "
-                       "the README's difference table" % (
+                       "the difference table of docs/porting.md" % (
                            module, missing, _resolved(module).__name__))

@@ -1,10 +1,16 @@
-"""The README Quickstart and CI stay in sync."""
+"""The README's and the guides' (docs/*.md) commands and snippets work as
+written, and the README Quickstart and CI stay in sync."""
 import pathlib
 import re
 
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _doc(name):
+  """The text of a guide, docs/<name>."""
+  return (ROOT / "docs" / name).read_text()
 
 
 def quickstart_commands():
@@ -43,7 +49,7 @@ def test_layout_snippets_show_what_they_return():
   line's trailing comment is the repr of its value."""
   import ast
   import meshtf as mtf
-  text = (ROOT / "README.md").read_text()
+  text = _doc("layouts.md")
   checked = 0
   for title in ("### Uneven splits", "### The layout object"):
     section = text.split(title, 1)[1]
@@ -65,7 +71,7 @@ def test_layout_snippets_show_what_they_return():
 
 # --- the training binary's commands, as written -------------------------------
 def _binary_section():
-  text = (ROOT / "README.md").read_text()
+  text = _doc("training-binary.md")
   return text.split("## The training binary and config files", 1)[1].split(
       "\n## ", 1)[0]
 
@@ -222,8 +228,8 @@ def test_quickstart_and_example_commands_in_fresh_processes(tmp_path):
 
 # --- the plan report and the other sections' binary commands ------------------
 def _plan_section():
-  text = (ROOT / "README.md").read_text()
-  return text.split("### What a layout costs before running it", 1)[1].split(
+  text = _doc("planning.md")
+  return text.split("## What a layout costs before running it", 1)[1].split(
       "\n## ", 1)[0]
 
 
@@ -251,15 +257,23 @@ def test_plan_snippet_prints_what_the_readme_shows():
 
 
 def other_binary_commands():
-  """`python -m meshtf.train ...` commands the README shows outside the
-  Quickstart and the binary section (those are tested above)."""
+  """`python -m meshtf.train ...` commands the README and the guides show
+  outside the Quickstart and the binary section (those are tested
+  above)."""
   import shlex
-  text = (ROOT / "README.md").read_text()
-  for skipped in ("## Quickstart", "## The training binary and config files"):
-    head, rest = text.split(skipped, 1)
-    text = head + "\n## " + rest.split("\n## ", 1)[1]
-  return [shlex.split(l.strip()) for l in text.splitlines()
-          if l.startswith("    python -m meshtf.train")]
+  texts = [(ROOT / "README.md").read_text()] + [
+      p.read_text() for p in sorted((ROOT / "docs").glob("*.md"))]
+  commands = []
+  for text in texts:
+    for skipped in ("## Quickstart",
+                    "## The training binary and config files"):
+      if skipped in text:
+        head, rest = text.split(skipped, 1)
+        after = rest.split("\n## ", 1)
+        text = head + ("\n## " + after[1] if len(after) == 2 else "")
+    commands += [shlex.split(l.strip()) for l in text.splitlines()
+                 if l.startswith("    python -m meshtf.train")]
+  return commands
 
 
 # What each of those commands is (the start of an argument that tells it
@@ -361,7 +375,7 @@ def test_pipeline_command_works_as_written(tmp_path, monkeypatch):
 
 # --- pipeline parallelism -----------------------------------------------------
 def _pipeline_section():
-  text = (ROOT / "README.md").read_text()
+  text = _doc("pipeline.md")
   return text.split("## Pipeline parallelism", 1)[1].split("\n## ", 1)[0]
 
 

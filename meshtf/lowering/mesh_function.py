@@ -25,6 +25,7 @@ import contextlib
 import tensorflow as tf
 
 from meshtf import graph as graph_lib
+from meshtf.lowering import grappler as grappler_lib
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import simd
 from meshtf.lowering import simd_collectives
@@ -43,26 +44,28 @@ class MeshFunction(object):
     use_tf_function: False runs eagerly on every call (for debugging).
     bucket_bytes: cap of a fused gradient-allreduce bucket (Lowering's;
       None: 1 MiB, 0: off).
-    communication_hint, jit_compile: the SPMD backend's program options for
-      this function's traces (see SimdMeshImpl); None: the impl's.
+    communication_hint, jit_compile, grappler: the SPMD backend's program
+      options for this function's traces and calls (see SimdMeshImpl);
+      None: the impl's.
   """
 
   def __init__(self, build_fn, mesh_impl, variable_store=None, seed=0,
                use_tf_function=True, mesh_name="mesh", bucket_bytes=None,
-               communication_hint=None, jit_compile=None):
+               communication_hint=None, jit_compile=None, grappler=None):
     self._bucket_bytes = lowering_lib.bucketing.check_bucket_bytes(
         bucket_bytes)
     self._program_options = dict(
         communication_hint=simd_collectives.check_communication_hint(
             communication_hint, "MeshFunction"),
         jit_compile=simd_collectives.check_jit_compile(
-            jit_compile, "MeshFunction"))
+            jit_compile, "MeshFunction"),
+        grappler=grappler_lib.check_grappler(grappler, "MeshFunction"))
     if (any(v is not None for v in self._program_options.values()) and
         not hasattr(mesh_impl, "program_options")):
       raise ValueError(
-          "MeshFunction: communication_hint / jit_compile are options of the "
-          "SPMD backend, but the mesh impl is a %s: use mtf.SimdMeshImpl or "
-          "leave them None" % type(mesh_impl).__name__)
+          "MeshFunction: communication_hint / jit_compile / grappler are "
+          "options of the SPMD backend, but the mesh impl is a %s: use "
+          "mtf.SimdMeshImpl or leave them None" % type(mesh_impl).__name__)
     self._build_fn = build_fn
     self._mesh_impl = mesh_impl
     self._seed = seed
@@ -92,11 +95,35 @@ class MeshFunction(object):
     self.graph, self.lowering = graph, lowering
     return result
 
+  # The first run of a traced step also instantiates it (TensorFlow places
+  # and optimizes every device's program): minutes for a large model on a
+  # loaded host, which the collectives' deadline must not mistake for a
+  # lost peer.
+  FIRST_RUN_ALLOWANCE = 4.0
+
+  def _call_options(self):
+    """The impl's call options (its Grappler mode) under this function's
+    program options."""
+    if not hasattr(self._mesh_impl, "program_options"):
+      return contextlib.nullcontext()
+    with self._mesh_impl.program_options(**self._program_options) as impl:
+      return grappler_lib.call_options(impl.grappler)
+
   def __call__(self, *tf_inputs):
+    with self._call_options():
+      return self._call(*tf_inputs)
+
+  def _call(self, *tf_inputs):
     watchdog = getattr(self._mesh_impl, "collective_watchdog", None)
     if watchdog is None:
       return self._fn(*tf_inputs)
-    with watchdog() as watch:
+    allowance = 1.0
+    if self.lowering is None and hasattr(self._fn,
+                                         "get_concrete_function"):
+      # Traced outside the deadline: tracing runs no collective.
+      self._fn.get_concrete_function(*tf_inputs)
+      allowance = self.FIRST_RUN_ALLOWANCE
+    with watchdog(allowance) as watch:
       try:
         return self._fn(*tf_inputs)
       except (tf.errors.DeadlineExceededError, tf.errors.CancelledError) as e:

@@ -32,6 +32,7 @@ from meshtf import shapes
 from meshtf.layouts import mesh_layout as mesh_layout_lib
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.layouts import tensor_layouts
+from meshtf.lowering import constants
 
 # What the padding of uneven splits holds when meshtf makes it (imports,
 # splits, alltoalls): zeros, or poison under poison_padding().
@@ -273,13 +274,15 @@ class MeshImpl(object):
                        "MIN" % (reduction_fn_string,))
     sizes = [s.num_elements() for s in shapes_]
     flat = self.slicewise(lambda *ts: tf.concat(
-        [tf.reshape(t, [-1]) for t in ts], 0), *xs)
+        [tf.reshape(t, constants.int32([-1])) for t in ts],
+        constants.int32(0)), *xs)
     self._record("allreduce_" + reduction_fn_string.lower(), axes, flat)
     total = self._allreduce(flat, axes, reduction_fn_string)
 
     def unpack(t):
-      return tuple(tf.reshape(p, s) for p, s in zip(tf.split(t, sizes),
-                                                     shapes_))
+      return tuple(tf.reshape(p, constants.int32(s.as_list()))
+                   for p, s in zip(tf.split(t, constants.int32(sizes)),
+                                   shapes_))
     return list(self.slicewise(unpack, total))
 
   def allreduce_if_needed(self, x, mesh_axes, reduction_fn_string):

@@ -27,6 +27,8 @@ import tensorflow as tf
 from tensorflow.python.eager import context as tf_context
 
 from meshtf.lowering import cluster
+from meshtf.lowering import constants
+from meshtf.lowering import grappler as grappler_lib
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.lowering import simd_collectives
@@ -206,6 +208,10 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       TF 2.21 compiles that only without collectives (a 1-processor mesh) or,
       on GPUs, with whole-mesh sum-allreduces only (data parallelism); other
       programs raise ValueError naming the collective when traced.
+    grappler: TensorFlow's graph optimizer on the step's functions:
+      "default" (TensorFlow's passes) or "off"; None: "off" on a mesh of
+      CPUs without XLA, else "default" (meshtf/lowering/grappler.py: a
+      T5-small-sized step's first run spent most of its time there).
 
   Example:
     >>> impl = mtf.SimdMeshImpl("all:2", "batch:all", mtf.gpu_devices()[:2],
@@ -217,7 +223,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   is_spmd = True
 
   def __init__(self, shape, layout, devices, collective_timeout_seconds=600.0,
-               communication_hint=None, jit_compile=False):
+               communication_hint=None, jit_compile=False, grappler=None):
     super().__init__(shape, layout, devices)
     # Decided once here; MeshFunction may override them for its traces.
     self._options = {
@@ -226,7 +232,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
                 communication_hint, "SimdMeshImpl") or
             simd_collectives.default_communication_hint(self.devices)),
         "jit_compile": simd_collectives.check_jit_compile(
-            jit_compile, "SimdMeshImpl") or ""}
+            jit_compile, "SimdMeshImpl") or "",
+        # None: decided from the devices and jit_compile when asked.
+        "grappler": grappler_lib.check_grappler(grappler, "SimdMeshImpl")}
     self._overrides = []
     # Each processor's rank among all devices in TF's collective order.
     keys = [device_rank_key(d) for d in devices]
@@ -270,8 +278,27 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       "communication_hint"))
   jit_compile = property(lambda self: self._option("jit_compile"))
 
+  @property
+  def grappler(self):
+    """"default" or "off": Grappler on the step's functions (see
+    meshtf/lowering/grappler.py)."""
+    return self._option("grappler") or grappler_lib.default_grappler(
+        self.devices, self.jit_compile)
+
+  def call_options(self):
+    """Context manager: tf.function calls in its body (eager calls, and
+    call ops added to a graph) instantiate with this impl's Grappler mode.
+    MeshFunction calls its step in it.
+
+    Example:
+      >>> with impl.call_options():
+      ...   out = my_step(x)
+    """
+    return grappler_lib.call_options(self.grappler)
+
   @contextlib.contextmanager
-  def program_options(self, communication_hint=None, jit_compile=None):
+  def program_options(self, communication_hint=None, jit_compile=None,
+                      grappler=None):
     """Within the body, programs traced use these options instead of the
     impl's (None: the impl's). MeshFunction wraps its traces in it.
 
@@ -283,7 +310,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         "communication_hint": simd_collectives.check_communication_hint(
             communication_hint, "program_options"),
         "jit_compile": simd_collectives.check_jit_compile(
-            jit_compile, "program_options")})
+            jit_compile, "program_options"),
+        "grappler": grappler_lib.check_grappler(grappler,
+                                                "program_options")})
     try:
       yield self
     finally:
@@ -328,8 +357,16 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       args = args[n_token:]
       self._ctx = _ProgramContext(pnum, token,
                                   dict(zip(handles, args[:n_handles])), {})
+      # One Const per value and one coordinate per mesh axis in the whole
+      # program (constants.py); not under XLA segments, whose clusters
+      # each want their own constants.
+      shared = (constants.shared_in(tf.compat.v1.get_default_graph())
+                if jit != "segments" else contextlib.nullcontext())
       try:
-        with _jit_scope(jit == "segments"):
+        # call_options: function calls inside the program (the shared
+        # random generators, rng.shared_function) instantiate with this
+        # impl's Grappler mode too.
+        with _jit_scope(jit == "segments"), shared, self.call_options():
           return list(body(*args[n_handles:]))
       finally:
         self._ctx = None
@@ -337,8 +374,15 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     specs = [tf.TensorSpec([], tf.int32)]
     specs += [tf.TensorSpec([], tf.resource)] * (n_token + n_handles)
     specs += list(arg_specs)
+    # Not inlined into the launch: TensorFlow then instantiates and
+    # optimizes (Grappler) each device's copy of the program by itself, on
+    # the executor's threads, instead of one graph holding every device's
+    # copy (lm_tiny's first run 72-80 s -> 40-50 s at load ~11 on 2 cores;
+    # bench/first_step.py). XLA's whole-program compile keeps TF's default.
+    attributes = {"_noinline": True} if jit != "program" else None
     return tf.function(program, autograph=False,
-                       jit_compile=True if jit == "program" else None
+                       jit_compile=True if jit == "program" else None,
+                       experimental_attributes=attributes
                        ).get_concrete_function(*specs)
 
   def launch(self, program, per_device_args):
@@ -349,16 +393,19 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
 
     def launch_all():
       outs = [None] * self.size
-      for p in local:
-        with tf.device(self._devices[p]):
-          outs[p] = program(tf.constant(p, tf.int32), tokens[p].handle,
-                            *per_device_args[p])
+      # The call ops carry the Grappler mode that each device's program is
+      # instantiated with.
+      with self.call_options():
+        for p in local:
+          with tf.device(self._devices[p]):
+            outs[p] = program(tf.constant(p, tf.int32), tokens[p].handle,
+                              *per_device_args[p])
       return outs
 
     if tf.executing_eagerly():
       # Eager calls would run one device at a time and the first collective
       # would wait forever for its peers: launch them all in one graph.
-      with self.collective_watchdog() as watch:
+      with self.collective_watchdog() as watch, self.call_options():
         try:
           return tf.function(launch_all, autograph=False)()
         except (tf.errors.DeadlineExceededError,
@@ -368,17 +415,18 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
           raise
     return launch_all()
 
-  def collective_watchdog(self):
+  def collective_watchdog(self, allowance=1.0):
     """Context manager: collectives still running collective_timeout_seconds
-    after entering it are aborted (the run raises DeadlineExceeded, which
-    explain_timeout turns into a CollectiveTimeoutError). Launches and
-    MeshFunction calls use it; wrap your own tf.function calls in it.
+    (times `allowance`) after entering it are aborted (the run raises
+    DeadlineExceeded, which explain_timeout turns into a
+    CollectiveTimeoutError). Launches and MeshFunction calls use it; wrap
+    your own tf.function calls in it.
 
     Example:
       >>> with impl.collective_watchdog() as watch:
       ...   my_step()          # a tf.function that lowers on impl
     """
-    return _WATCHDOG.watch(self._timeout, "mesh %s" % ";".join(
+    return _WATCHDOG.watch(self._timeout * allowance, "mesh %s" % ";".join(
         "%s:%d" % (d.name, d.size) for d in self.shape.dims))
 
   def run_program(self, body, per_device_args, arg_specs, handles=()):
@@ -485,11 +533,14 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     return self.LaidOutTensor([self._context().pnum])
 
   def pcoord(self, mesh_axis):
-    """This processor's coordinate along mesh_axis (int32 tensor)."""
+    """This processor's coordinate along mesh_axis (int32 tensor), made
+    once per program (constants.cached)."""
     stride = 1
     for d in self.shape.dims[mesh_axis + 1:]:
       stride *= d.size
-    return (self._context().pnum // stride) % self.shape.dims[mesh_axis].size
+    pnum = self._context().pnum
+    return constants.cached(("pcoord", mesh_axis), lambda: (
+        pnum // stride) % self.shape.dims[mesh_axis].size)
 
   def laid_out_pcoord(self, mesh_axis):
     return self.LaidOutTensor([self.pcoord(mesh_axis)])
@@ -592,11 +643,15 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     return self._tables[mesh_axes]
 
   def group_index(self, table):
-    """Index of this processor's group (int32 tensor)."""
-    index = tf.constant(0, tf.int32)
-    for a, stride in table.strides.items():
-      index = index + self.pcoord(a) * stride
-    return index
+    """Index of this processor's group (int32 tensor), made once per
+    program and group table."""
+    def make():
+      index = tf.constant(0, tf.int32)
+      for a, stride in table.strides.items():
+        index = index + self.pcoord(a) * stride
+      return index
+    return constants.cached(("group_index", tuple(sorted(
+        table.strides.items()))), make)
 
   def _collective_args(self, mesh_axes, kind, reduction=None):
     table = self.group_tables(mesh_axes)
@@ -614,9 +669,12 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
                 [self.shape.dims[a].name for a in sorted(mesh_axes)],
                 self.shape, why))
     return table, dict(
-        group_size=tf.constant(table.group_size, tf.int32),
-        group_key=(tf.constant(table.base_key, tf.int32) if not table.strides
-                   else table.base_key + self.group_index(table)),
+        group_size=constants.int32(table.group_size),
+        group_key=(constants.int32(table.base_key) if not table.strides
+                   else constants.cached(
+                       ("group_key", table.base_key, tuple(sorted(
+                           table.strides.items()))),
+                       lambda: table.base_key + self.group_index(table))),
         instance_key=tf.constant(next_instance_key(), tf.int32),
         ordering_token=[ctx.token],
         communication_hint=self.communication_hint,

@@ -43,8 +43,9 @@ class TrainStep(object):
     bucket_bytes: cap of a fused gradient-allreduce bucket (see
       meshtf/lowering/bucketing.py; None: 1 MiB, 0: one allreduce per
       gradient).
-    communication_hint, jit_compile: the SPMD backend's program options
-      (mtf.SimdMeshImpl's; None: the impl's), e.g. jit_compile="segments".
+    communication_hint, jit_compile, grappler: the SPMD backend's program
+      options (mtf.SimdMeshImpl's; None: the impl's), e.g.
+      jit_compile="segments", grappler="default".
 
   Calling it with the features returns {"loss", "step", metrics...} as TF
   tensors ("step" is the count before this update).
@@ -58,7 +59,8 @@ class TrainStep(object):
 
   def __init__(self, loss_fn, mesh_impl, optimizer, variable_store=None,
                seed=0, clip_gradient_norm=None, use_tf_function=True,
-               bucket_bytes=None, communication_hint=None, jit_compile=None):
+               bucket_bytes=None, communication_hint=None, jit_compile=None,
+               grappler=None):
     if not callable(loss_fn):
       raise TypeError("TrainStep: loss_fn %r is not callable" % (loss_fn,))
     if not isinstance(optimizer, optimize.Optimizer):
@@ -70,7 +72,8 @@ class TrainStep(object):
     self.mesh_function = mesh_function.MeshFunction(
         self._build, mesh_impl, variable_store=variable_store, seed=seed,
         use_tf_function=use_tf_function, bucket_bytes=bucket_bytes,
-        communication_hint=communication_hint, jit_compile=jit_compile)
+        communication_hint=communication_hint, jit_compile=jit_compile,
+        grappler=grappler)
 
   @property
   def variable_store(self):

@@ -297,22 +297,47 @@ class StepRandomUniformOperation(graph_lib.Operation):
     key = rng.op_key(self.graph.seed * 1000003, self.name)
     full = out.shape.to_integer_list
     sizes = impl.slice_shape(out.shape)
-
-    def local(begin, step):
-      bits, _ = rng.random_bits(key, begin, sizes, full)
-      step = tf.cast(step, tf.int64)
-      word = tf.bitwise.bitwise_xor(
-          tf.cast(tf.bitwise.bitwise_and(step, 0xFFFFFFFF), tf.uint32)
-          * np.uint32(0x9E3779B9),
-          tf.cast(tf.bitwise.right_shift(step, 32), tf.uint32)
-          * np.uint32(0x27D4EB2F))
-      h = _fmix32(tf.bitwise.bitwise_xor(bits, word))
-      u = (tf.cast(tf.bitwise.right_shift(h, np.uint32(8)), tf.float32)
-           + 0.5) * (1.0 / (1 << 24))
-      return tf.cast(u, out.dtype)
+    if tf.executing_eagerly() or getattr(impl, "jit_compile", ""):
+      # Eager: op by op; under XLA: its own fused copy of the generator.
+      local = lambda begin, step: _StepUniformSlice(sizes, full, out.dtype)(
+          key, begin, step)
+    else:
+      # A graph: one call of a function that every dropout of this shape
+      # shares (rng.shared_function), not ~140 ops of its own.
+      shared = rng.shared_function(
+          ("step_uniform", tuple(sizes), tuple(full), out.dtype.name),
+          lambda: _StepUniformSlice(sizes, full, out.dtype))
+      local = lambda begin, step: shared(rng.key_words(key),
+                                         tf.cast(begin, tf.int64),
+                                         tf.cast(step, tf.int64))
     lowering.set_tensor_lowering(out, impl.slicewise(
         local, impl.laid_out_slice_begin(out.shape),
         lowering.tensors[self._inputs[0]]))
+
+
+class _StepUniformSlice(object):
+  """(key, begin, step) -> one slice of step_random_uniform's values; key
+  is op_key's pair of ints or of uint32 tensors. A callable object: each
+  tf.function of one is traced once by design (see rng._RandomSlice)."""
+
+  def __init__(self, slice_shape, full_shape, dtype):
+    self._sizes = list(slice_shape)
+    self._full = list(full_shape)
+    self._dtype = dtype
+
+  def __call__(self, key, begin, step):
+    bits, _ = rng.random_bits((key[0], key[1]), begin, self._sizes,
+                              self._full)
+    step = tf.cast(step, tf.int64)
+    word = tf.bitwise.bitwise_xor(
+        tf.cast(tf.bitwise.bitwise_and(step, 0xFFFFFFFF), tf.uint32)
+        * np.uint32(0x9E3779B9),
+        tf.cast(tf.bitwise.right_shift(step, 32), tf.uint32)
+        * np.uint32(0x27D4EB2F))
+    h = _fmix32(tf.bitwise.bitwise_xor(bits, word))
+    u = (tf.cast(tf.bitwise.right_shift(h, np.uint32(8)), tf.float32)
+         + 0.5) * (1.0 / (1 << 24))
+    return tf.cast(u, self._dtype)
 
 
 def step_random_uniform(step, shape, dtype=tf.float32, name=None):

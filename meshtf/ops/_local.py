@@ -1,11 +1,34 @@
-"""Helpers for per-slice TensorFlow code shared by the op families."""
+"""Helpers for per-slice TensorFlow code shared by the op families.
+
+Shapes, permutations and axes go to TensorFlow through
+meshtf.lowering.constants: one Const per value in a per-device program.
+"""
 import tensorflow as tf
 
 from meshtf import shapes
+from meshtf.lowering import constants
 
 
 def as_shape(x):
   return shapes.convert_to_shape(x)
+
+
+def transpose(t, perm):
+  """tf.transpose(t, perm), a bool tensor moved as bfloat16 (0 and 1 are
+  exact): TensorFlow's oneDNN Transpose logs an error line for bool -- and
+  for the integer types -- on this machine's CPUs ("oneDNN supports
+  DT_BOOL only on platforms with AVX-512"; float32 and bfloat16 do not),
+  which Grappler's constant folding used to hide by folding the attention
+  masks away.
+
+  Example:
+    >>> transpose(tf.constant([[True, False]]), [1, 0]).shape
+    TensorShape([2, 1])
+  """
+  perm = constants.int32(perm)
+  if t.dtype == tf.bool:
+    return tf.cast(tf.transpose(tf.cast(t, tf.bfloat16), perm), tf.bool)
+  return tf.transpose(t, perm)
 
 
 def expand_to(t, old_shape, new_shape):
@@ -15,18 +38,18 @@ def expand_to(t, old_shape, new_shape):
   new_names = new_shape.dimension_names
   perm = [old_names.index(n) for n in new_names if n in old_names]
   if perm != list(range(len(perm))):
-    t = tf.transpose(t, perm)
+    t = transpose(t, perm)
   if len(old_names) != len(new_names):
     sizes = iter(t.shape)
-    t = tf.reshape(t, [int(next(sizes)) if n in old_names else 1
-                       for n in new_names])
+    t = tf.reshape(t, constants.int32([int(next(sizes)) if n in old_names
+                                       else 1 for n in new_names]))
   return t
 
 
 def transpose_to(t, old_names, new_names):
   """Transposes slice t from dim order old_names to new_names (same set)."""
   perm = [old_names.index(n) for n in new_names]
-  return tf.transpose(t, perm) if perm != list(range(len(perm))) else t
+  return transpose(t, perm) if perm != list(range(len(perm))) else t
 
 
 def einsum_equation(input_shapes, output_shape):
@@ -115,7 +138,7 @@ def _matmul_plan(a, b, out):
     z = tf.matmul(x, y, transpose_a=trans_a, transpose_b=trans_b)
     z_sizes = [sizes[n] for n in result_names]
     if list(z.shape) != z_sizes:
-      z = tf.reshape(z, z_sizes)
+      z = tf.reshape(z, constants.int32(z_sizes))
     return transpose_to(z, result_names, list(out))
   return fn
 
@@ -136,7 +159,7 @@ def _arrange(t, names, batch, groups, sizes):
   shape = [sizes[n] for n in batch] + [_prod(sizes[n] for n in g)
                                        for g in groups]
   if list(t.shape) != shape:
-    t = tf.reshape(t, shape)
+    t = tf.reshape(t, constants.int32(shape))
   return t
 
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.lowering import constants
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.ops import _local
 
@@ -324,7 +325,7 @@ class ScalarMultiplyOperation(graph_lib.Operation):
     impl = lowering.mesh_impl(self)
     raw = lowering.pending_or_laid_out(self._inputs[0])
     dtype = self._inputs[0].dtype
-    fn = lambda t: t * tf.constant(self._scalar, dtype)
+    fn = lambda t: t * constants.constant(self._scalar, dtype)
     if isinstance(raw, lowering_lib.PendingSum):
       value = lowering_lib.PendingSum(impl, impl.slicewise(fn, raw.laid_out),
                                       raw.mesh_axes)

@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.lowering import constants
 from meshtf.lowering import mesh_impl as mesh_impl_lib
 
 
@@ -261,7 +262,8 @@ class FillOperation(graph_lib.Operation):
     out = self._outputs[0]
     sizes = impl.slice_shape(out.shape)
     lowering.set_tensor_lowering(out, impl.slicewise(
-        lambda: tf.fill(sizes, tf.constant(self._value, out.dtype))))
+        lambda: tf.fill(constants.int32(sizes),
+                        constants.constant(self._value, out.dtype))))
 
 
 class ConstantOperation(graph_lib.Operation):

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.lowering import constants
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.ops import _local
 from meshtf.ops import elementwise
@@ -75,7 +76,7 @@ class ReduceOperation(graph_lib.Operation):
     fn = _LOCAL[self._reduction]
     def local(t):
       if axes:
-        t = fn(t, axis=axes)
+        t = fn(t, axis=constants.int32(axes))
       return _local.transpose_to(t, kept, out.shape.dimension_names)
     # The padding of an unevenly split reduced dim must not count.
     value = impl.mask_padding(lowering.tensors[x], x.shape,

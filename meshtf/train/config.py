@@ -66,27 +66,27 @@ def default_config():
   c = ml_collections.ConfigDict()
   # --- model ---------------------------------------------------------------
   c.model_type = "lm"          # "lm" (decoder-only) or "bitransformer"
-  c.vocab_size = 16
+  c.vocab_size = 16            # tokens in the vocabulary
   c.vocab_divisor = 8          # the vocab dim is rounded up to a multiple
-  c.d_model = 32
+  c.d_model = 32              # the model width (dim d_model)
   c.num_layers = 2             # per stack (encoder and decoder)
   c.num_decoder_layers = 0     # bitransformer: 0 = num_layers
-  c.num_heads = 4
-  c.d_kv = 8
-  c.d_ff = 64
-  c.dropout_rate = 0.0
+  c.num_heads = 4             # attention heads (dim heads)
+  c.d_kv = 8                  # per head, keys and values (dim d_kv)
+  c.d_ff = 64                 # feed-forward hidden (dim d_ff)
+  c.dropout_rate = 0.0        # in training only
   c.length = 16                # sequence length (inputs and targets)
-  c.activation = "relu"
+  c.activation = "relu"       # the feed-forward's (relu, gelu, ...)
   c.gated = False              # gated (GLU-style) feed-forward
-  c.norm_type = "rms_norm"
-  c.label_smoothing = 0.0
-  c.z_loss = 1e-4
+  c.norm_type = "rms_norm"    # rms_norm | layer_norm
+  c.label_smoothing = 0.0     # 0: none
+  c.z_loss = 1e-4             # log(Z)^2 coefficient of the softmax; 0: none
   c.positional_embedding = "learned"   # learned | sinusoidal | none
-  c.shared_embedding_and_softmax_weights = False
+  c.shared_embedding_and_softmax_weights = False  # one vocab matrix for both
   # Pipeline parallelism (GSPMD 3.3; meshtf/models/pipeline.py): the layer
   # stack split into pipeline_stages stages along a "stage" dim that the
   # layout puts on a mesh axis of that size ("stage:pipe"); 1 = off.
-  c.pipeline_stages = 1
+  c.pipeline_stages = 1        # 1: no pipelining
   c.num_microbatches = 1       # the batch splits into this many
   c.circular_repeats = 1       # layer chunks per stage (circular schedule)
   c.remat = "none"             # what each layer keeps for the backward pass
@@ -108,14 +108,15 @@ def default_config():
   #                              depends on that axis' size); G > 0: exactly
   #                              G groups on any mesh (checkpoints then
   #                              reshard with identical routing)
-  c.moe.capacity_factor_train = 1.0
-  c.moe.capacity_factor_eval = 2.0
-  c.moe.min_expert_capacity = 4
+  c.moe.capacity_factor_train = 1.0  # GShard's: capacity = this x 2S/E
+  c.moe.capacity_factor_eval = 2.0   # the same, in eval and decode
+  c.moe.min_expert_capacity = 4     # tokens per expert and group, at least
   c.moe.gating = "top_2"       # top_2 (GShard) or switch
-  c.moe.second_policy_train = "random"
-  c.moe.second_policy_eval = "random"
+  c.moe.second_policy_train = "random"  # top_2's second expert: random
+  #                              (GShard) | all | none | threshold
+  c.moe.second_policy_eval = "random"   # the same, in eval and decode
   c.moe.loss_coef = 1e-2       # GShard's l_aux coefficient
-  c.moe.router_z_loss_coef = 0.0
+  c.moe.router_z_loss_coef = 0.0   # the router's z-loss; 0: none
 
   # --- data -------------------------------------------------------------------
   c.task = ml_collections.ConfigDict()
@@ -126,13 +127,13 @@ def default_config():
   c.task.eval_data_files = ""  # held-out text files (default: data_files)
   c.task.seq2seq = False       # text: input<TAB>target lines
   c.task.tfds_name = ""        # a TFDS dataset read from tfds_data_dir
-  c.task.tfds_data_dir = ""
-  c.task.tfds_split = "train"
-  c.task.tfds_eval_split = "validation"
+  c.task.tfds_data_dir = ""   # a local TFDS data_dir (never downloads)
+  c.task.tfds_split = "train"  # the split trained on
+  c.task.tfds_eval_split = "validation"  # the held-out split
   c.task.text_keys = "text"    # TFDS features (one: lm, two: seq2seq)
 
   # --- mesh -------------------------------------------------------------------
-  c.mesh_shape = "data:4;model:2"
+  c.mesh_shape = "data:4;model:2"  # the processor mesh, named axes
   c.layout = ("batch:data;group:data;experts:data;heads:model;d_ff:model;"
               "vocab:model;expert_hidden:model")
   #                              "auto": searched (--layout=auto, below)
@@ -154,24 +155,24 @@ def default_config():
   c.num_virtual_cpus = 0       # 0: as many as the mesh has processors
 
   # --- training ---------------------------------------------------------------
-  c.train_steps = 500
-  c.batch_size = 64
+  c.train_steps = 500         # the last step (a resumed run goes on to it)
+  c.batch_size = 64           # sequences per step, over the whole mesh
   c.seed = 0                   # initial values, dropout, data order
   c.eval_seed = -1             # held-out synthetic data; -1: seed + 1
-  c.optimizer = "adam"
-  c.learning_rate = 0.01
+  c.optimizer = "adam"        # adam | adafactor | sgd | momentum
+  c.learning_rate = 0.01      # the peak, reached after warmup_steps
   c.schedule = "constant"      # after warmup: constant | rsqrt | linear
-  c.warmup_steps = 20
+  c.warmup_steps = 20         # linear warmup from 0
   c.weight_decay_rate = 0.0    # adam
   c.momentum = 0.9             # momentum
   c.clip_gradient_norm = 1.0   # 0: no clipping
   c.collective_bucket_mb = 1.0   # fused gradient allreduces of at most this
   #                              many MiB per device (0: one per gradient)
-  c.checkpoint_every = 100
-  c.keep_checkpoints = 3
+  c.checkpoint_every = 100    # steps between checkpoints (and at the end)
+  c.keep_checkpoints = 3      # the newest kept; older ones are removed
   c.eval_steps = 4             # held-out batches for eval
   c.eval_every = 25            # 0: eval only at the end of training
-  c.log_every = 10
+  c.log_every = 10            # steps between progress lines
   c.target_accuracy = 0.99     # reported at the end of training
   c.stop_at_target = True      # stop once an eval reaches target_accuracy
   c.decode_batches = 2         # held-out batches decoded by --mode=decode

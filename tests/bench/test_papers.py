@@ -1,5 +1,6 @@
-"""bench/papers.py's tables: the README's reproduction tables are what
-the generator prints from the saved run, and the generator's cells."""
+"""bench/papers.py's tables: the reproduction tables of docs/papers.md are
+what the generator prints from the saved run, and the generator's
+cells."""
 import pathlib
 
 from conftest import load_file
@@ -22,12 +23,12 @@ def _block(text, name):
 def test_readme_tables_are_the_saved_runs():
   bench = load_file("bench/papers.py", "papers")
   lines = bench.read_runs("%s,%s" % (BEFORE, RESULTS))
-  readme = (ROOT / "README.md").read_text()
+  readme = (ROOT / "docs" / "papers.md").read_text()
   now = [r for r in lines if r.get("label") == "completion"]
   assert _block(readme, "papers") == bench.markdown_table(now)
   assert _block(readme, "papers-compare") == bench.compare_table(
       lines, *COMPARE)
-  # The commands the README shows print them.
+  # The commands the guide shows print them.
   assert ("--table=bench/results/%s --label=completion" % RESULTS.name
           in readme)
   assert ("--table=bench/results/%s,bench/results/%s" % (

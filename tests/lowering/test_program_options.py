@@ -138,7 +138,45 @@ def test_jit_program_refuses_collectives_on_cpu_in_one_line():
   assert "jit_compile='segments'" in message
 
 
+def _program_call_configs(fn):
+  """The ConfigProtos that the step's per-device call ops carry (what
+  TensorFlow instantiates each device's program with)."""
+  from tensorflow.core.protobuf import config_pb2
+  concrete = fn._fn.get_concrete_function(  # pylint: disable=protected-access
+      tf.TensorSpec([8, 8], tf.float32))
+  program = fn.lowering.program.name.decode()
+  configs = []
+  for op in concrete.graph.get_operations():
+    if (op.type == "StatefulPartitionedCall" and
+        op.get_attr("f").name == program):
+      config = config_pb2.ConfigProto()
+      config.ParseFromString(op.get_attr("config_proto"))
+      configs.append(config)
+  return configs
+
+
+def test_grappler_is_off_for_cpu_steps_and_gives_the_same_numbers():
+  from meshtf.lowering import grappler
+  impl = mtf.SimdMeshImpl("all:4", "batch:all", harness.DEVICES[:4])
+  assert impl.grappler == "off"
+  assert grappler.default_grappler(GPUS, jit_compile="") == "default"
+  assert grappler.default_grappler(harness.DEVICES, "segments") == "default"
+  off, fn = _losses(impl)
+  configs = _program_call_configs(fn)
+  assert len(configs) == 4
+  assert all(c.graph_options.rewrite_options.disable_meta_optimizer
+             for c in configs)
+  on, fn = _losses(impl, grappler="default")
+  assert not any(c.graph_options.rewrite_options.disable_meta_optimizer
+                 for c in _program_call_configs(fn))
+  assert impl.grappler == "off"   # the impl's own is untouched
+  np.testing.assert_allclose(off, on, rtol=1e-6)
+
+
 @pytest.mark.parametrize("make, match", [
+    (lambda: mtf.SimdMeshImpl("all:2", "", harness.DEVICES[:2],
+                              grappler="fast"),
+     "grappler='fast' is not one of 'default', 'off'"),
     (lambda: mtf.SimdMeshImpl("all:2", "", harness.DEVICES[:2],
                               communication_hint="gloo"),
      "communication_hint='gloo' is not one of auto, ring, nccl"),

@@ -103,3 +103,21 @@ def test_variable_initial_values_identical_on_every_layout(mesh_shape, layout):
   for copies in by_begin.values():
     for c in copies[1:]:
       np.testing.assert_array_equal(c, copies[0])
+
+
+@pytest.mark.parametrize("distribution, fn, params", [
+    ("uniform", rng.uniform_slice, (-2.0, 3.0)),
+    ("normal", rng.normal_slice, (1.0, 0.5))])
+def test_the_shared_slice_function_gives_the_same_bits(distribution, fn,
+                                                       params):
+  key = rng.op_key(5, "dropout")
+  begin = tf.constant([2, 8], tf.int64)
+  direct = fn(key, begin, [2, 8], [4, 16], *params).numpy()
+  shared = rng.slice_function(distribution, params, [2, 8], [4, 16],
+                              tf.float32)
+  np.testing.assert_array_equal(shared(key, begin).numpy(), direct)
+  # one function per (distribution, params, shapes, dtype)
+  assert rng.slice_function(distribution, params, [2, 8], [4, 16],
+                            tf.float32)(key, begin) is not None
+  assert len([k for k in rng._SHARED_FUNCTIONS if k[:5] == ("slice",
+      distribution, params, (2, 8), (4, 16))]) == 1

@@ -134,12 +134,14 @@ def test_lost_peer_raises_a_clear_error_instead_of_hanging():
       try:
         with impl.collective_watchdog():
           tf.function(launch7)()
-      except tf.errors.DeadlineExceededError as e:
+      # The abort surfaces as either, as in MeshFunction: the collective's
+      # deadline, or a transfer it cancelled.
+      except (tf.errors.DeadlineExceededError, tf.errors.CancelledError) as e:
         print("RAISED", type(simd.explain_timeout(e, impl)).__name__)
         print(simd.explain_timeout(e, impl))
       """)
   r = subprocess.run([sys.executable, "-c", code], capture_output=True,
-                     text=True, timeout=120)
+                     text=True, timeout=300)
   assert "RAISED CollectiveTimeoutError" in r.stdout, r.stderr[-2000:]
   assert "did not complete within 2.0 s" in r.stdout
 

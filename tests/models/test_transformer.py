@@ -112,6 +112,36 @@ def test_step_dropout_is_layout_invariant():
        (TWO, "d_model:rows;batch:cols")], wrt=["x"])
 
 
+def test_step_dropout_in_a_graph_calls_one_shared_function_same_bits():
+  """In a traced program the step's uniform draw is a call of a shared,
+  not-inlined function (rng.shared_function), bit for bit the op-by-op
+  draw."""
+  from meshtf.lowering import rng
+  key = rng.op_key(7, "drop")
+  begin = tf.constant([2, 0], tf.int64)
+  step = tf.constant(5, tf.int64)
+  direct = tl._StepUniformSlice([2, 8], [4, 8], tf.float32)(key, begin, step)
+  impl = mtf.SimdMeshImpl("all:2", "length:all", harness.DEVICES[:2])
+
+  def build(mesh, x_tf):
+    x = mtf.import_tf_tensor(mesh, x_tf, "length:4;d_model:8")
+    ctx = tl.Context(mesh, [], x.shape.dims[0], x.shape.dims[1])
+    ctx.step = mtf.constant(mesh, 5, [], dtype=tf.int64)
+    return {"a": tl.dropout(x, ctx, 0.25, name="drop"),
+            "b": tl.dropout(x, ctx, 0.25, name="drop_b")}
+  fn = mtf.MeshFunction(build, impl)
+  fn(np.ones([4, 8], np.float32))
+  ops = fn.lowering.program.graph.get_operations()
+  calls = {op.get_attr("f").name for op in ops if op.type in (
+      "PartitionedCall", "StatefulPartitionedCall")}
+  assert len(calls) == 1
+  assert not [op for op in ops if op.type == "BitwiseXor"]
+  shared = rng.shared_function(("step_uniform", (2, 8), (4, 8), "float32"),
+                               None)
+  np.testing.assert_array_equal(
+      shared(rng.key_words(key), begin, step).numpy(), direct.numpy())
+
+
 def _tiny_bitransformer():
   """Encoder [SelfAttention, DenseReluDense], decoder [SelfAttention,
   EncDecAttention]: every layer kind once, to keep the graph small."""

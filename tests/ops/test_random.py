@@ -68,3 +68,24 @@ def test_dropout_mesh_tf_form():
   assert mtf.dropout(x, True) is x    # rate 0 by default, as in Mesh TF
   y = mtf.dropout(x, True, 0.75)      # keep_prob positionally
   assert y.shape == x.shape and y is not x
+
+
+def test_random_ops_of_one_shape_share_one_function_in_the_program():
+  """Each dropout is one call op of a shared, not-inlined generator: the
+  per-device program does not grow by Threefry's ~120 ops per random op."""
+  def build(mesh, x_tf):
+    x = mtf.import_tf_tensor(mesh, x_tf, "batch:8;io:16")
+    for i in range(4):
+      x = mtf.dropout(x, rate=0.1, name="drop%d" % i)
+    return mtf.reduce_sum(x)
+  impl = mtf.SimdMeshImpl("all:8", "batch:all", harness.DEVICES)
+  fn = mtf.MeshFunction(build, impl)
+  x = harness.random_array([8, 16], 0)
+  fn(x)
+  ops = fn.lowering.program.graph.get_operations()
+  calls = [op for op in ops
+           if op.type in ("PartitionedCall", "StatefulPartitionedCall")]
+  assert len(calls) == 4
+  assert len({op.get_attr("f").name for op in calls}) == 1
+  assert len(ops) < 100
+  assert not [op for op in ops if op.type == "BitwiseXor"]
