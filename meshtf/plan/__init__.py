@@ -25,3 +25,7 @@ def __getattr__(name):  # noqa: N807
   if name in _LAZY:
     return getattr(_importlib.import_module(_LAZY[name]), name)
   raise AttributeError("module 'meshtf.plan' has no attribute %r" % name)
+
+
+__all__ = ["HARDWARE", "PlanReport", "draw_variable_layouts", "plan",
+           "visualize_layout"]
