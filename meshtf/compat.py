@@ -171,6 +171,7 @@ def install(library=False):
         "library from the installed package, which is not installed: pip "
         "install --no-deps mesh-tensorflow==0.1.21 gin-config")
   import meshtf  # pylint: disable=g-import-not-at-top
+  meshtf._load_face()  # the lazy face, whole: its namespace is copied below
   _stub_tf1_estimator()
 
   aliases = dict(_CORE)
