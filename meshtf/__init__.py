@@ -93,18 +93,18 @@ _FACE = (
      "assign_sub, assign_sub_slice, custom_getter, get_variable, "
      "read_variable"),
     # The model libraries and the plan report.
-    ("meshtf.models",
-     "decoding, layers, moe, optimize, pipeline, training, transformer, "
-     "transformer_layers"),
+    ("meshtf.models", "decoding, optimize, pipeline, training, transformer"),
     ("meshtf.models.dtypes", "VariableDType"),
     ("meshtf", "plan"),
     ("meshtf.plan.visualize", "visualize_layout"),
-    # Mesh TensorFlow's names: its Operation classes and ops.py helpers
-    # (convert_to_layout_rules is Mesh TF's, with its rule semantics), and
-    # its module paths.
-    ("meshtf.ops.mesh_tf_names", "*"),
-    ("meshtf.ops.mesh_tf_helpers", "*"),
-    ("meshtf", "placement_mesh_impl, simd_mesh_impl"),
+    # The Mesh TensorFlow wing (meshtf/compat/): its Operation classes and
+    # ops.py helpers (convert_to_layout_rules is Mesh TF's, with its rule
+    # semantics), and its module paths: mtf.layers is Mesh TF's layers
+    # (meshtf's + its extras), mtf.moe and mtf.transformer_layers hold Mesh
+    # TF's MoE1D / MoE2D and Conv1D layers too.
+    ("meshtf.compat.ops", "*"),
+    ("meshtf.compat",
+     "layers, moe, placement_mesh_impl, simd_mesh_impl, transformer_layers"),
 )
 
 

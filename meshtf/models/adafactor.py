@@ -16,6 +16,7 @@ Example:
   >>> ops = opt.apply_grads(mtf.gradients([loss], variables), variables)
 """
 from meshtf import graph as graph_lib
+from meshtf.models import conventions
 from meshtf.models import optimizer_base
 from meshtf.models.schedules import _minimum
 from meshtf.models.schedules import _rsqrt
@@ -85,11 +86,9 @@ class AdafactorOptimizer(optimizer_base.Optimizer):
 
   @staticmethod
   def _learning_rate_default(multiply_by_parameter_scale):
-    # Lazy: mesh_tf_layers imports meshtf's top level.
-    from meshtf.models import mesh_tf_layers  # pylint: disable=g-import-not-at-top
     # As Mesh TF: no 0.05 under the unit-scaling convention (read here).
     scale = (1.0 if multiply_by_parameter_scale
-             or mesh_tf_layers.unit_scaling_convention() else 0.05)
+             or conventions.unit_scaling_convention() else 0.05)
     return lambda step: _minimum(_rsqrt(step + 1.0), 0.01) * scale
 
   def _factored_dims(self, shape):
