@@ -19,8 +19,11 @@ Parameter counts are in the papers' units: 1e9 for Mesh-TensorFlow,
 paper scrambles are matched to their rows as each config file says.
 
 Usage: python bench/papers.py [--only=gspmd_t2,gshard_fig9] [--describe]
+         [--label=NAME]
        python bench/papers.py --table=bench/results/papers.jsonl   # the
          README's reproduction table, from a saved run
+       python bench/papers.py --table=OLD.jsonl,NEW.jsonl \
+         --compare=before,after   # the step rows of labelled runs
 """
 import argparse
 import json
@@ -77,9 +80,14 @@ def plan_row(name, row, overrides=None):
   config = config_lib.load_file(os.path.join(CONFIGS, name + ".py"), row)
   applied = {}
   for field, value in (overrides or {}).items():
-    if config.get(field) != value:
+    # A dotted field ("moe.min_expert_capacity") names a nested key.
+    *parents, key = field.split(".")
+    holder = config
+    for parent in parents:
+      holder = holder[parent]
+    if holder.get(key) != value:
       applied[field] = value
-      setattr(config, field, value)
+      setattr(holder, key, value)
   layout = config_lib.mesh_layout(config)
   graph, _ = experiment.build_training_graph(config, layout)
   report = report_lib.plan(graph, layout, config.plan_hardware, trace=False)
@@ -90,6 +98,12 @@ def plan_row(name, row, overrides=None):
   for r in report.collectives:
     by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["count"] * (
         hardware.collective_seconds(report.hardware, mesh, r))
+  # The compute split: einsums (the matrix unit's kernels) and the rest
+  # (fused elementwise / reduction kernels, gathers, ...).
+  compute_by_family = {}
+  for cost, seconds in zip(report.accounting.costs, report.op_seconds()):
+    family = "einsum" if cost.family == "einsum" else "other"
+    compute_by_family[family] = compute_by_family.get(family, 0.0) + seconds
   out = {
       "config": "%s.py:%s" % (name, row) + (
           " " + " ".join("--config.%s=%s" % kv for kv in
@@ -109,6 +123,7 @@ def plan_row(name, row, overrides=None):
       "exposed_collective_seconds": s.get("exposed_collective_seconds",
                                           s["collective_seconds"]),
       "collective_seconds_by_kind": by_kind,
+      "compute_seconds_by_family": compute_by_family,
       "collective_bytes_per_device": s["collective_bytes_per_device"],
       "flops_utilization": s["flops_per_device"] / (
           s["step_seconds"] * report.hardware.peak_flops),
@@ -120,10 +135,16 @@ def plan_row(name, row, overrides=None):
 
 
 def _detail(p, *keys):
+  """The plan's breakdown of a step row: compute (einsums / the rest),
+  collectives one after another (by kind) and those not hidden."""
   keys = keys or ("step_seconds", "compute_seconds", "collective_seconds",
-                  "exposed_collective_seconds", "flops_utilization")
-  return {("plan_" + k): (round(p[k], 4) if isinstance(p[k], float)
-                          else p[k]) for k in keys}
+                  "exposed_collective_seconds", "flops_utilization",
+                  "compute_seconds_by_family", "collective_seconds_by_kind")
+  def rounded(v):
+    if isinstance(v, dict):
+      return {k: round(x, 4) for k, x in sorted(v.items())}
+    return round(v, 4) if isinstance(v, float) else v
+  return {("plan_" + k): rounded(p[k]) for k in keys if k in p}
 
 
 # --- Mesh-TensorFlow -----------------------------------------------------------
@@ -241,9 +262,29 @@ def gshard_table_1():
   return rows
 
 
+# GShard 3.1: each group holds 2N / (G E) slots of each expert (top-2),
+# "C needs to be at least 1" (5.2); the config's model keeps a larger
+# minimum (moe.min_expert_capacity) where that is less.
+PAPER_CAPACITY = {"moe.min_expert_capacity": 1}
+
+
+def _paper_capacity(config):
+  """The expert capacity per group GShard's rule gives a config: 2S/E
+  (top-2, capacity factor 1, S tokens per group), at least 1."""
+  from meshtf.models import moe  # pylint: disable=g-import-not-at-top
+  m = config.moe
+  return moe.expert_capacity(m.group_size, m.num_experts,
+                             m.capacity_factor_train, m.gating,
+                             min_capacity=1)
+
+
 def gshard_table_3():
   """GShard Table 3: step time = 1 / steps per second (float32 weights
-  and activations, as the paper trained)."""
+  and activations, as the paper trained). Where the config's minimum
+  expert capacity exceeds GShard's 2S/E (2,048 experts: 4 slots where
+  the paper has 1), the row planned with the paper's capacity too
+  (quantity step_seconds_paper_capacity)."""
+  from meshtf.train import config as config_lib  # pylint: disable=g-import-not-at-top
   rows = []
   for row, (paper_row, steps_per_second) in GSHARD_TABLE_3.items():
     p = plan_row("gshard_moe", row)
@@ -252,6 +293,19 @@ def gshard_table_3():
                      round(p["step_seconds"], 4), p["config"], "s",
                      paper_row=paper_row, seconds=p["plan_seconds"],
                      **_detail(p)))
+    config = config_lib.load_file(os.path.join(CONFIGS, "gshard_moe.py"),
+                                  row)
+    paper_capacity = _paper_capacity(config)
+    if paper_capacity < config.moe.min_expert_capacity:
+      q = plan_row("gshard_moe", row, PAPER_CAPACITY)
+      rows.append(_row(
+          "GShard Table 3", row, "step_seconds_paper_capacity",
+          round(1.0 / steps_per_second, 4), round(q["step_seconds"], 4),
+          q["config"], "s", paper_row=paper_row, seconds=q["plan_seconds"],
+          note="expert capacity %d per group (GShard's 2S/E) where the "
+          "config keeps its minimum of %d" % (
+              paper_capacity, config.moe.min_expert_capacity),
+          **_detail(q)))
   return rows
 
 
@@ -554,7 +608,9 @@ _QUANTITY_NAMES = {
     "weight_bytes_per_device": "weights / device",
     "values_allreduced_per_processor": "values allreduced / processor",
     "weights_per_processor": "weights / processor",
-    "flops_utilization": "flops utilization", "seconds_2048_over_16":
+    "flops_utilization": "flops utilization",
+    "step_seconds_paper_capacity": "step, the paper's expert capacity",
+    "seconds_2048_over_16":
     "time at 2,048 / at 16", "weight_bytes_per_device_ratio":
     "weights / device, ratio", "step_rank_agrees": "steps ranked as the "
     "paper's"}
@@ -605,9 +661,13 @@ def markdown_table(lines):
   return "\n".join(out).rstrip() + "\n"
 
 
-def compare_table(lines, before, after):
-  """Markdown: every step_seconds row, the paper's value and two labelled
-  runs' plans (plan / paper in parentheses)."""
+def compare_table(lines, *labels):
+  """Markdown: every step_seconds row, the paper's value and the plans of
+  labelled runs side by side (plan / paper in parentheses), in the order
+  the labels are given (e.g. "before", "after"); "label=header" heads a
+  run's column "plan header" (default: its label)."""
+  headers = [l.split("=", 1)[-1] for l in labels]
+  labels = [l.split("=", 1)[0] for l in labels]
   runs = {}
   order = []
   for r in lines:
@@ -618,17 +678,27 @@ def compare_table(lines, before, after):
       order.append(key)
       runs[key] = {"paper": r["paper"]}
     runs[key][r.get("label")] = r
-  out = ["| table | row | paper | plan %s | plan %s |" % (before, after),
-         "|---|---|---|---|---|"]
+  out = ["| table | row | paper | %s |" % " | ".join(
+      "plan " + header for header in headers),
+         "|---" * (len(labels) + 3) + "|"]
   for key in order:
     cells = runs[key]
     texts = []
-    for label in (before, after):
+    for label in labels:
       r = cells.get(label)
       texts.append("%.3g s (%.2f)" % (r["plan"], r["ratio"]) if r else "--")
-    out.append("| %s | %s | %.3g s | %s | %s |" % (
-        key[0], key[1], cells["paper"], texts[0], texts[1]))
+    out.append("| %s | %s | %.3g s | %s |" % (
+        key[0], key[1], cells["paper"], " | ".join(texts)))
   return "\n".join(out) + "\n"
+
+
+def read_runs(paths):
+  """The JSON lines of saved runs (comma-separated paths), in order."""
+  lines = []
+  for path in paths.split(","):
+    with open(path) as f:
+      lines.extend(json.loads(l) for l in f if l.strip())
+  return lines
 
 
 def main():
@@ -638,17 +708,18 @@ def main():
   parser.add_argument("--describe", action="store_true",
                       help="print the hardware models with their sources")
   parser.add_argument("--table", default="",
-                      help="print the markdown table of a saved run")
+                      help="print the markdown table of a saved run "
+                      "(comma-separated files: their lines together)")
   parser.add_argument("--compare", default="",
-                      help="with --table: BEFORE,AFTER labels; the step "
-                      "rows of both runs side by side")
+                      help="with --table: labels, comma-separated (BEFORE,"
+                      "AFTER,...), each LABEL or LABEL=HEADER; the step "
+                      "rows of those runs side by side")
   parser.add_argument("--label", default="",
                       help="a label every row carries (e.g. the model's "
                       "commit, to compare two runs)")
   args = parser.parse_args()
   if args.table:
-    with open(args.table) as f:
-      lines = [json.loads(l) for l in f if l.strip()]
+    lines = read_runs(args.table)
     if args.compare:
       print(compare_table(lines, *args.compare.split(",")), end="")
     else:

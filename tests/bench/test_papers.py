@@ -1,12 +1,17 @@
 """bench/papers.py's tables: the README's reproduction tables are what
 the generator prints from the saved run, and the generator's cells."""
-import json
 import pathlib
 
 from conftest import load_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results" / "cpu2_papers_2026-11-27.jsonl"
+# The run before the sharding completion (labels "before": the model at
+# f8fd043, "after": the interconnect, fusion and overlap models) and the
+# run on main with it (label "completion").
+BEFORE = ROOT / "bench" / "results" / "cpu2_papers_2026-11-27.jsonl"
+RESULTS = ROOT / "bench" / "results" / "cpu2_papers_completion_2026-11-27.jsonl"
+COMPARE = ("before=f8fd043", "after=without completion",
+           "completion=with completion")
 
 
 def _block(text, name):
@@ -16,12 +21,28 @@ def _block(text, name):
 
 def test_readme_tables_are_the_saved_runs():
   bench = load_file("bench/papers.py", "papers")
-  lines = [json.loads(l) for l in RESULTS.read_text().splitlines() if l]
+  lines = bench.read_runs("%s,%s" % (BEFORE, RESULTS))
   readme = (ROOT / "README.md").read_text()
-  after = [r for r in lines if r.get("label") == "after"]
-  assert _block(readme, "papers") == bench.markdown_table(after)
+  now = [r for r in lines if r.get("label") == "completion"]
+  assert _block(readme, "papers") == bench.markdown_table(now)
   assert _block(readme, "papers-compare") == bench.compare_table(
-      lines, "before", "after")
+      lines, *COMPARE)
+  # The commands the README shows print them.
+  assert ("--table=bench/results/%s --label=completion" % RESULTS.name
+          in readme)
+  assert ("--table=bench/results/%s,bench/results/%s" % (
+      BEFORE.name, RESULTS.name) in readme)
+  assert '--compare="%s"' % ",".join(COMPARE) in readme
+
+
+def test_compare_heads_each_run():
+  bench = load_file("bench/papers.py", "papers")
+  rows = [dict(bench._row("T", "r", "step_seconds", 2.0, plan, unit="s"),
+               label=label) for label, plan in (("a", 4.0), ("b", 3.0))]
+  table = bench.compare_table(rows, "a=old model", "b")
+  assert table.splitlines()[0] == ("| table | row | paper | plan old model "
+                                   "| plan b |")
+  assert table.splitlines()[2] == "| T | r | 2 s | 4 s (2.00) | 3 s (1.50) |"
 
 
 def test_cells_read_paper_plan_and_ratio():
