@@ -72,8 +72,7 @@ _FACE = (
     ("meshtf.ops.pool", "avg_pool2d, avg_pool3d, max_pool2d, max_pool3d"),
     ("meshtf.ops.random", "dropout, random_normal, random_uniform"),
     ("meshtf.ops.reductions",
-     "ReduceOperation, log_softmax, nth_largest_element, "
-     "nth_smallest_element, reduce_all, reduce_any, reduce_first, "
+     "ReduceOperation, log_softmax, reduce_all, reduce_any, "
      "reduce_logsumexp, reduce_max, reduce_mean, reduce_min, reduce_sum, "
      "softmax"),
     ("meshtf.ops.shape_ops",
@@ -87,7 +86,8 @@ _FACE = (
      "dynamic_shift, halo_exchange, left_halo_exchange, mtf_slice, pad, "
      "pool_tensor_1d, shift, slice, split, stack, stride_tensor_1d, unstack"),
     ("meshtf.ops.topk",
-     "TopKOperation, argmax, sample_with_temperature, sort, top_1, top_k"),
+     "TopKOperation, argmax, nth_largest_element, nth_smallest_element, "
+     "reduce_first, sample_with_temperature, sort, top_1, top_k"),
     ("meshtf.ops.variables",
      "Assign, Variable, assign, assign_add, assign_add_slice, assign_slice, "
      "assign_sub, assign_sub_slice, custom_getter, get_variable, "
