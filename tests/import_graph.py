@@ -6,12 +6,13 @@ mtf` would otherwise fold the whole package into one loop, and the facade is
 the one place allowed to import everything.
 
 Run it as a script to list the circles (strongly connected components of more
-than one module) and the core modules that import the Mesh TensorFlow wing:
+than one module) and the core modules that import the Mesh TensorFlow wing
+(of the repository's meshtf/, or of the package directory given):
 
   python tests/import_graph.py
 
 Example:
-  >>> graph = import_graph("meshtf")
+  >>> graph = import_graph()
   >>> "meshtf.graph" in graph["meshtf.ops.einsum"]
   True
 """
@@ -24,15 +25,20 @@ import sys
 COMPAT = "meshtf.compat"
 
 
-def module_files(package_dir="meshtf"):
-  """{dotted module name: file path} for every .py file under package_dir
-  (run from the repository root)."""
+# The package next to this file's directory (the repository's meshtf/).
+PACKAGE_DIR = os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "meshtf")
+
+
+def module_files(package_dir=PACKAGE_DIR):
+  """{dotted module name: file path} for every .py file under package_dir."""
   mods = {}
+  root = os.path.dirname(os.path.abspath(package_dir))
   for dirpath, _, files in os.walk(package_dir):
     for f in sorted(files):
       if f.endswith(".py"):
         path = os.path.join(dirpath, f)
-        name = path[:-3].replace(os.sep, ".")
+        name = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
         if name.endswith(".__init__"):
           name = name[:-len(".__init__")]
         mods[name] = path
@@ -60,7 +66,7 @@ def _targets(mods, current, node):
       yield n
 
 
-def import_graph(package_dir="meshtf"):
+def import_graph(package_dir=PACKAGE_DIR):
   """{module: set of meshtf modules it imports anywhere in its file}."""
   mods = module_files(package_dir)
   graph = {}
@@ -120,7 +126,7 @@ def core_to_compat(graph):
 
 
 def main():
-  graph = import_graph("meshtf")
+  graph = import_graph(sys.argv[1] if len(sys.argv) > 1 else PACKAGE_DIR)
   found = circles(graph)
   print(f"{len(graph)} modules, "
         f"{sum(len(t) for t in graph.values())} import edges, "
