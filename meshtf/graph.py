@@ -151,6 +151,18 @@ class Tensor(object):
   # this module imports no op family.
 
 
+def all_operations(operations):
+  """operations and, depth first, the inner operations of those that lower
+  a sub-graph themselves (a while loop's body, its gradient's backward
+  body): an op lists them in `inner_operations`. They are never lowered at
+  top level, but their layouts are validated up front and their inputs
+  count as consumers (so pending sums they share are reduced once)."""
+  for op in operations:
+    yield op
+    if op.inner_operations:
+      yield from all_operations(op.inner_operations)
+
+
 def variable_scope_name():
   """The enclosing tf.compat.v1.variable_scope's name ('' outside any):
   Mesh TF model code names its weights with these scopes."""

@@ -38,16 +38,8 @@ def scope_name(op_name):
   return name if name[:1].isalnum() else "op" + name
 
 
-def all_operations(operations):
-  """operations and, depth first, the inner operations of those that lower
-  a sub-graph themselves (a while loop's body, its gradient's backward
-  body): an op lists them in `inner_operations`. They are never lowered at
-  top level, but their layouts are validated up front and their inputs
-  count as consumers (so pending sums they share are reduced once)."""
-  for op in operations:
-    yield op
-    if op.inner_operations:
-      yield from all_operations(op.inner_operations)
+# The graph walk lives with the graph; the engine's callers keep this name.
+all_operations = graph_lib.all_operations
 
 
 def renamed_source(tensor, layout_of):
