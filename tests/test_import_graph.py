@@ -30,3 +30,11 @@ def test_layouts_import_only_layouts_and_shapes():
     if module.startswith("meshtf.layouts"):
       others = {t for t in targets if not t.startswith("meshtf.layouts")}
       assert others <= {"meshtf.shapes"}, (module, others)
+
+
+def test_op_families_do_not_import_the_lowering_engine():
+  # An op makes its pending sums from lowering/pending.py; the engine
+  # (lowering/lowering.py) calls the ops, not the reverse.
+  for module, targets in GRAPH.items():
+    if module.startswith("meshtf.ops") or module == "meshtf.graph":
+      assert "meshtf.lowering.lowering" not in targets, module

@@ -37,7 +37,7 @@ from tensorflow.core.framework import attr_value_pb2
 from meshtf import autodiff
 from meshtf import graph as graph_lib
 from meshtf import shapes
-from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import pending as pending_lib
 # depend and Print live in passthrough.py; control.depend etc. still work.
 from meshtf.ops.passthrough import DependOperation  # noqa: F401
 from meshtf.ops.passthrough import Print  # noqa: F401
@@ -142,7 +142,7 @@ def _accumulate(lowering, impl, tensor, acc_slices, pending_axes, key):
   (its mesh axes noted under `key`): the partial sums add up across
   iterations and are reduced once, after the loop."""
   raw = lowering.tensors.raw(tensor)
-  if isinstance(raw, lowering_lib.PendingSum) and not raw.materialized:
+  if isinstance(raw, pending_lib.PendingSum) and not raw.materialized:
     pending_axes[key] = raw.mesh_axes
     part = raw.laid_out
   else:
@@ -155,7 +155,7 @@ def _accumulate(lowering, impl, tensor, acc_slices, pending_axes, key):
 def _finish_sum(impl, slices, pending_axes, key):
   value = impl.LaidOutTensor(list(slices))
   if key in pending_axes:
-    value = lowering_lib.PendingSum(impl, value, pending_axes[key])
+    value = pending_lib.PendingSum(impl, value, pending_axes[key])
   return value
 
 
@@ -292,7 +292,7 @@ class WhileLoopOperation(graph_lib.Operation):
     Only those are recorded."""
     if not self._grad_ops:
       return []
-    ops = set(lowering_lib.all_operations(lowering.graph.operations))
+    ops = set(graph_lib.all_operations(lowering.graph.operations))
     return sorted(set(i for g in self._grad_ops if g in ops
                       for i in g.state_used))
 
