@@ -13,180 +13,173 @@ Example:
   Shape([batch:8])
 
 Importing meshtf creates no devices and runs no TensorFlow op.
+
+The face is lazy (PEP 562): `import meshtf` imports nothing else, and
+`mtf.einsum` imports the module that defines it on first use. So
+`import meshtf.layouts` (pure Python) and `import meshtf.plan` load no
+TensorFlow, and `python -m meshtf.train` can quiet TensorFlow's start-up
+before TensorFlow loads. `_FACE` below is the face: every public name, the
+module it comes from, in `from module import names` order (a later entry
+wins, as a later import line would).
 """
-# `python -m meshtf.train` imports this package, and so TensorFlow, before
-# the binary's code runs: its quiet start (no C++ start-up lines) begins here.
-from meshtf.train import startup as _startup
-_startup.quiet_if_command_line()
-
-from meshtf import placement_mesh_impl
-from meshtf import simd_mesh_impl
-from meshtf.autodiff import gradients
-from meshtf.graph import Graph
-from meshtf.graph import Mesh
-from meshtf.graph import Operation
-from meshtf.graph import Tensor
-from meshtf.graph import reduce_together
-from meshtf.layouts import LayoutError
-from meshtf.layouts import LayoutRules
-from meshtf.layouts import MeshLayout
-from meshtf.layouts import TensorLayout
-from meshtf.layouts import convert_to_layout_rules
-from meshtf.lowering import Lowering
-from meshtf.lowering import MeshFunction
-from meshtf.lowering import MeshImpl
-from meshtf.lowering import PlacementMeshImpl
-from meshtf.lowering import WorkerInfo
-from meshtf.lowering import start_multi_worker
-from meshtf.lowering import SimdMeshImpl
-from meshtf.lowering import TpuMeshImpl
-from meshtf.lowering import VariableStore
-from meshtf.lowering import gpu_devices
-from meshtf.lowering import virtual_cpu_devices
-from meshtf.ops import initializers
-from meshtf.ops.conv import conv1d
-from meshtf.ops.conv import conv2d
-from meshtf.ops.conv import conv2d_transpose
-from meshtf.ops.conv import conv2d_transpose_with_blocks
-from meshtf.ops.conv import conv2d_with_blocks
-from meshtf.ops.conv import conv3d
-from meshtf.ops.conv import conv3d_transpose
-from meshtf.ops.conv import conv3d_transpose_with_blocks
-from meshtf.ops.conv import conv3d_with_blocks
-from meshtf.ops.passthrough import Print
-from meshtf.ops.control import custom_gradient
-from meshtf.ops.passthrough import depend
-from meshtf.ops.control import recompute_grad
-from meshtf.ops.microbatch import serialize_training_step
-from meshtf.ops.control import while_loop
-from meshtf.ops.passthrough import DependOperation as Depend
-from meshtf.ops.annotations import replicate
-from meshtf.ops.annotations import shard
-from meshtf.ops.einsum import einsum
-from meshtf.ops.einsum import matmul
-from meshtf.ops.elementwise import *  # noqa: F401,F403  (op names)
-from meshtf.ops.initializers import constant_initializer
-from meshtf.ops.initializers import ones_initializer
-from meshtf.ops.initializers import random_normal_initializer
-from meshtf.ops.initializers import random_uniform_initializer
-from meshtf.ops.initializers import truncated_normal_initializer
-from meshtf.ops.initializers import variance_scaling_initializer
-from meshtf.ops.initializers import zeros_initializer
-from meshtf.ops.index import cumsum
-from meshtf.ops.index import gather
-from meshtf.ops.index import mtf_range
-from meshtf.ops.index import one_hot
-from meshtf.ops.index import range  # noqa: A004  (Mesh TensorFlow's mtf.range)
-from meshtf.ops.index import scatter_add
-from meshtf.ops.io import constant
-from meshtf.ops.io import import_fully_replicated
-from meshtf.ops.io import host_rows
-from meshtf.ops.io import import_rows
-from meshtf.ops.io import import_slices
-from meshtf.ops.io import import_tf_tensor
-from meshtf.ops.io import ones
-from meshtf.ops.io import ones_like
-from meshtf.ops.io import zeros
-from meshtf.ops.io import zeros_like
-from meshtf.ops.random import dropout
-from meshtf.ops.pool import avg_pool2d
-from meshtf.ops.pool import avg_pool3d
-from meshtf.ops.pool import max_pool2d
-from meshtf.ops.pool import max_pool3d
-from meshtf.ops.random import random_normal
-from meshtf.ops.random import random_uniform
-from meshtf.ops.reductions import log_softmax
-from meshtf.ops.reductions import reduce_all
-from meshtf.ops.reductions import reduce_any
-from meshtf.ops.reductions import reduce_logsumexp
-from meshtf.ops.reductions import reduce_max
-from meshtf.ops.reductions import reduce_mean
-from meshtf.ops.reductions import reduce_min
-from meshtf.ops.reductions import reduce_sum
-from meshtf.ops.reductions import softmax
-from meshtf.ops.reductions import nth_largest_element
-from meshtf.ops.reductions import nth_smallest_element
-from meshtf.ops.reductions import reduce_first
-from meshtf.ops.shape_ops import rename_dimension
-from meshtf.ops.shape_ops import replace_dimensions
-from meshtf.ops.shape_ops import reshape
-from meshtf.ops.shape_ops import transpose
-from meshtf.ops.shape_ops import anonymize
-from meshtf.ops.shape_ops import anonymous_shape
-from meshtf.ops.shape_ops import combined_dimension
-from meshtf.ops.slicing import concat
-from meshtf.ops.slicing import dynamic_shift
-from meshtf.ops.slicing import left_halo_exchange
-from meshtf.ops.slicing import halo_exchange
-from meshtf.ops.slicing import mtf_slice
-from meshtf.ops.slicing import pad
-from meshtf.ops.slicing import pool_tensor_1d
-from meshtf.ops.slicing import shift
-from meshtf.ops.slicing import slice  # noqa: A004  (Mesh TensorFlow's mtf.slice)
-from meshtf.ops.slicing import split
-from meshtf.ops.slicing import stack
-from meshtf.ops.slicing import stride_tensor_1d
-from meshtf.ops.slicing import unstack
-from meshtf.ops.topk import argmax
-from meshtf.ops.topk import sample_with_temperature
-from meshtf.ops.topk import sort
-from meshtf.ops.topk import top_1
-from meshtf.ops.topk import top_k
-from meshtf.ops.variables import Variable
-from meshtf.ops.variables import assign
-from meshtf.ops.variables import assign_add
-from meshtf.ops.variables import assign_sub
-from meshtf.ops.variables import get_variable
-from meshtf.ops.variables import custom_getter
-from meshtf.ops.variables import Assign
-from meshtf.ops.variables import assign_add_slice
-from meshtf.ops.variables import assign_slice
-from meshtf.ops.variables import assign_sub_slice
-from meshtf.ops.variables import read_variable
-from meshtf.ops.slicewise import GenericGradOperation
-from meshtf.ops.slicewise import SlicewiseOperation
-from meshtf.ops.slicewise import cwise
-from meshtf.ops.slicewise import slicewise
-# Mesh TensorFlow's Operation classes and ops.py helpers by their names.
-from meshtf.ops.mesh_tf_names import *  # noqa: F401,F403,E402
-from meshtf.ops.mesh_tf_helpers import *  # noqa: F401,F403,E402
-from meshtf.ops.control import CustomGradientOperation  # noqa: E402
-from meshtf.ops.index import RangeOperation  # noqa: E402
-from meshtf.ops.topk import TopKOperation  # noqa: E402
-from meshtf.ops.conv import ConvOperation  # noqa: E402
-from meshtf.ops.einsum import EinsumOperation  # noqa: E402
-from meshtf.ops.elementwise import BroadcastOperation  # noqa: E402
-from meshtf.ops.elementwise import ScalarMultiplyOperation  # noqa: E402
-from meshtf.ops.index import OneHotOperation  # noqa: E402
-from meshtf.ops.io import ImportOperation  # noqa: E402
-from meshtf.ops.passthrough import PrintOperation  # noqa: E402
-from meshtf.ops.reductions import ReduceOperation  # noqa: E402
-from meshtf.ops.shape_ops import ReshapeOperation  # noqa: E402
-from meshtf.ops.slicing import ConcatOperation  # noqa: E402
-from meshtf.ops.slicing import PadOperation  # noqa: E402
-from meshtf.ops.slicing import ShiftOperation  # noqa: E402
-from meshtf.ops.slicing import SliceOperation  # noqa: E402
-from meshtf.ops.slicing import SplitOperation  # noqa: E402
-from meshtf.ops.slicing import StackOperation  # noqa: E402
-from meshtf.ops.slicing import UnstackOperation  # noqa: E402
-from meshtf.ops.control import WhileLoopOperation  # noqa: E402
-from meshtf.shapes import Dimension
-from meshtf.shapes import Shape
-from meshtf.shapes import convert_to_dimension
-from meshtf.shapes import convert_to_shape
-
-# Model libraries last: they build on the ops above (mtf.relu, ...).
-from meshtf.models import layers  # noqa: E402
-from meshtf.models import optimize  # noqa: E402
-from meshtf.models.dtypes import VariableDType  # noqa: E402
-from meshtf.models import decoding  # noqa: E402
-from meshtf.models import moe  # noqa: E402
-from meshtf.models import training  # noqa: E402
-from meshtf.models import pipeline  # noqa: E402
-from meshtf.models import transformer  # noqa: E402
-from meshtf.models import transformer_layers  # noqa: E402
-# The plan report: what a layout needs before running it.
-from meshtf import plan  # noqa: E402
-from meshtf.plan.visualize import visualize_layout  # noqa: E402
+import importlib as _importlib
+import importlib.util as _importlib_util
 
 __version__ = "0.1.0"
+
+# (module, names): `from module import names`; "*" takes the module's
+# __all__; "a as b" renames.
+_FACE = (
+    ("meshtf.shapes",
+     "Dimension, Shape, convert_to_dimension, convert_to_shape"),
+    ("meshtf.layouts",
+     "LayoutError, LayoutRules, MeshLayout, TensorLayout, "
+     "convert_to_layout_rules"),
+    ("meshtf.graph", "Graph, Mesh, Operation, Tensor, reduce_together"),
+    ("meshtf.autodiff", "gradients"),
+    ("meshtf.lowering",
+     "Lowering, MeshFunction, MeshImpl, PlacementMeshImpl, SimdMeshImpl, "
+     "TpuMeshImpl, VariableStore, WorkerInfo, gpu_devices, "
+     "start_multi_worker, virtual_cpu_devices"),
+    # The op families.
+    ("meshtf.ops", "initializers"),
+    ("meshtf.ops.annotations", "replicate, shard"),
+    ("meshtf.ops.control",
+     "CustomGradientOperation, WhileLoopOperation, custom_gradient, "
+     "recompute_grad, while_loop"),
+    ("meshtf.ops.conv",
+     "ConvOperation, conv1d, conv2d, conv2d_transpose, "
+     "conv2d_transpose_with_blocks, conv2d_with_blocks, conv3d, "
+     "conv3d_transpose, conv3d_transpose_with_blocks, conv3d_with_blocks"),
+    ("meshtf.ops.einsum", "EinsumOperation, einsum, matmul"),
+    ("meshtf.ops.elementwise", "*"),
+    ("meshtf.ops.elementwise",
+     "BroadcastOperation, ScalarMultiplyOperation"),
+    ("meshtf.ops.index",
+     "OneHotOperation, RangeOperation, cumsum, gather, mtf_range, one_hot, "
+     "range, scatter_add"),
+    ("meshtf.ops.initializers",
+     "constant_initializer, ones_initializer, random_normal_initializer, "
+     "random_uniform_initializer, truncated_normal_initializer, "
+     "variance_scaling_initializer, zeros_initializer"),
+    ("meshtf.ops.io",
+     "ImportOperation, constant, host_rows, import_fully_replicated, "
+     "import_rows, import_slices, import_tf_tensor, ones, ones_like, zeros, "
+     "zeros_like"),
+    ("meshtf.ops.microbatch", "serialize_training_step"),
+    ("meshtf.ops.passthrough",
+     "DependOperation as Depend, Print, PrintOperation, depend"),
+    ("meshtf.ops.pool", "avg_pool2d, avg_pool3d, max_pool2d, max_pool3d"),
+    ("meshtf.ops.random", "dropout, random_normal, random_uniform"),
+    ("meshtf.ops.reductions",
+     "ReduceOperation, log_softmax, reduce_all, reduce_any, "
+     "reduce_logsumexp, reduce_max, reduce_mean, reduce_min, reduce_sum, "
+     "softmax"),
+    ("meshtf.ops.shape_ops",
+     "ReshapeOperation, anonymize, anonymous_shape, combined_dimension, "
+     "rename_dimension, replace_dimensions, reshape, transpose"),
+    ("meshtf.ops.slicewise",
+     "GenericGradOperation, SlicewiseOperation, cwise, slicewise"),
+    ("meshtf.ops.slicing",
+     "ConcatOperation, PadOperation, ShiftOperation, SliceOperation, "
+     "SplitOperation, StackOperation, UnstackOperation, concat, "
+     "dynamic_shift, halo_exchange, left_halo_exchange, mtf_slice, pad, "
+     "pool_tensor_1d, shift, slice, split, stack, stride_tensor_1d, unstack"),
+    ("meshtf.ops.topk",
+     "TopKOperation, argmax, nth_largest_element, nth_smallest_element, "
+     "reduce_first, sample_with_temperature, sort, top_1, top_k"),
+    ("meshtf.ops.variables",
+     "Assign, Variable, assign, assign_add, assign_add_slice, assign_slice, "
+     "assign_sub, assign_sub_slice, custom_getter, get_variable, "
+     "read_variable"),
+    # The model libraries and the plan report.
+    ("meshtf.models", "decoding, optimize, pipeline, training, transformer"),
+    ("meshtf.models.dtypes", "VariableDType"),
+    ("meshtf", "plan"),
+    ("meshtf.plan.visualize", "visualize_layout"),
+    # The Mesh TensorFlow wing (meshtf/compat/): its Operation classes and
+    # ops.py helpers (convert_to_layout_rules is Mesh TF's, with its rule
+    # semantics), and its module paths: mtf.layers is Mesh TF's layers
+    # (meshtf's + its extras), mtf.moe and mtf.transformer_layers hold Mesh
+    # TF's MoE1D / MoE2D and Conv1D layers too.
+    ("meshtf.compat.ops", "*"),
+    ("meshtf.compat",
+     "layers, moe, placement_mesh_impl, simd_mesh_impl, transformer_layers"),
+)
+
+
+def _parse(names):
+  """[(attribute in the module, name in the face)] of an entry's names."""
+  pairs = []
+  for item in names.split(","):
+    source, _, alias = item.strip().partition(" as ")
+    pairs.append((source, alias or source))
+  return pairs
+
+
+def _import_name(module_name, attribute):
+  """`from module_name import attribute`: the module's attribute, else its
+  submodule of that name."""
+  if module_name != __name__:
+    module = _importlib.import_module(module_name)
+    if attribute in vars(module):
+      return vars(module)[attribute]
+  try:
+    return _importlib.import_module(module_name + "." + attribute)
+  except ModuleNotFoundError as e:
+    if e.name != module_name + "." + attribute:
+      raise
+  return getattr(_importlib.import_module(module_name), attribute)
+
+
+def _star_names(module_name):
+  module = _importlib.import_module(module_name)
+  return module.__all__
+
+
+def _resolve(name):
+  """The face's `name` (the last entry naming it wins), or raises
+  AttributeError."""
+  for module_name, names in reversed(_FACE):
+    if names == "*":
+      if name in _star_names(module_name):
+        return _import_name(module_name, name)
+      continue
+    for source, alias in _parse(names):
+      if alias == name:
+        return _import_name(module_name, source)
+  raise AttributeError("module 'meshtf' has no attribute %r" % name)
+
+
+def _load_face():
+  """Imports every name of the face into this module's namespace (what
+  `dir(meshtf)`, `from meshtf import *` and meshtf.compat.install() see)."""
+  namespace = globals()
+  for module_name, names in _FACE:
+    if names == "*":
+      pairs = [(n, n) for n in _star_names(module_name)]
+    else:
+      pairs = _parse(names)
+    for source, alias in pairs:
+      namespace[alias] = _import_name(module_name, source)
+  namespace.setdefault("__all__", sorted(
+      n for n in namespace if not n.startswith("_")))
+
+
+def __getattr__(name):  # noqa: N807  (PEP 562 hook)
+  if name == "__all__":
+    _load_face()
+    return globals()["__all__"]
+  if name.startswith("__"):
+    raise AttributeError("module 'meshtf' has no attribute %r" % name)
+  if _importlib_util.find_spec(__name__ + "." + name) is not None:
+    # A subpackage (`from meshtf import shapes`, mtf.graph): itself only.
+    return _importlib.import_module(__name__ + "." + name)
+  value = _resolve(name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():  # noqa: N807
+  _load_face()
+  return sorted(globals())

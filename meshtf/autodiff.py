@@ -107,10 +107,9 @@ def _drop_unused(graph, first_new, needed):
 def _drop_unread_broadcasts(graph, first, out):
   """Removes the broadcasts this backward pass made that nothing reads (a
   gradient rule may read a broadcast's input instead: square's)."""
-  from meshtf.lowering import lowering as lowering_lib
   from meshtf.ops import elementwise
   # Readers inside sub-graphs (a while loop's body) count too.
-  read = {t for op in lowering_lib.all_operations(graph.operations)
+  read = {t for op in graph_lib.all_operations(graph.operations)
           for t in op.inputs}
   read.update(t for t in out if t is not None)
   graph.operations[first:] = [

@@ -146,46 +146,21 @@ class Tensor(object):
   def __repr__(self):
     return "Tensor[%s, %s, %s]" % (self.name, self._shape, self._dtype.name)
 
-  # Arithmetic broadcasts by dimension name (meshtf.ops.elementwise).
-  def __add__(self, other):
-    from meshtf.ops import elementwise
-    return elementwise.add(self, other)
+  # Arithmetic (+ - * / ** and unary -) broadcasts by dimension name: the
+  # elementwise family attaches the operators (meshtf/ops/__init__.py), so
+  # this module imports no op family.
 
-  def __radd__(self, other):
-    from meshtf.ops import elementwise
-    return elementwise.add(other, self)
 
-  def __sub__(self, other):
-    from meshtf.ops import elementwise
-    return elementwise.sub(self, other)
-
-  def __rsub__(self, other):
-    from meshtf.ops import elementwise
-    return elementwise.sub(other, self)
-
-  def __mul__(self, other):
-    from meshtf.ops import elementwise
-    return elementwise.multiply(self, other)
-
-  def __rmul__(self, other):
-    from meshtf.ops import elementwise
-    return elementwise.multiply(other, self)
-
-  def __truediv__(self, other):
-    from meshtf.ops import elementwise
-    return elementwise.divide(self, other)
-
-  def __rtruediv__(self, other):
-    from meshtf.ops import elementwise
-    return elementwise.divide(other, self)
-
-  def __neg__(self):
-    from meshtf.ops import elementwise
-    return elementwise.negative(self)
-
-  def __pow__(self, other):
-    from meshtf.ops import elementwise
-    return elementwise.pow(self, other)
+def all_operations(operations):
+  """operations and, depth first, the inner operations of those that lower
+  a sub-graph themselves (a while loop's body, its gradient's backward
+  body): an op lists them in `inner_operations`. They are never lowered at
+  top level, but their layouts are validated up front and their inputs
+  count as consumers (so pending sums they share are reduced once)."""
+  for op in operations:
+    yield op
+    if op.inner_operations:
+      yield from all_operations(op.inner_operations)
 
 
 def variable_scope_name():

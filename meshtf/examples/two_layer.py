@@ -18,6 +18,12 @@ import sys
 from absl import app
 from absl import flags
 
+from meshtf.train import startup
+
+# Quiet TensorFlow's start-up lines from before it loads (a no-op unless
+# this is `python -m meshtf.examples.two_layer`).
+startup.quiet_if_command_line()
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("mesh_shape", None,
                     "Mesh shape, e.g. 'all:8' or 'rows:2;cols:4' (default: "
@@ -179,7 +185,6 @@ def compare_layouts(layouts, batch_size, d_io, d_hidden, steps,
 def main(argv):
   del argv
   import meshtf as mtf
-  from meshtf.train import startup
   if FLAGS.mesh_shape is None and FLAGS.layout is None:
     layouts = PAPER_LAYOUTS
   else:

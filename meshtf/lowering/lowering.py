@@ -24,50 +24,8 @@ from meshtf import graph as graph_lib
 from meshtf.layouts import reasons as reasons_lib
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import bucketing
+from meshtf.lowering.pending import PendingSum
 from meshtf.lowering import variables as variables_lib
-
-
-class PendingSum(object):
-  """A laid-out tensor whose allreduce-sum over `mesh_axes` is deferred.
-
-  Elementwise additions of pending sums over the same axes stay pending, so
-  a sum of partial results costs one allreduce (Mesh TensorFlow's
-  LazyAllreduceSum).
-  """
-
-  def __init__(self, mesh_impl, laid_out, mesh_axes):
-    self.mesh_impl = mesh_impl
-    self.laid_out = laid_out
-    self.mesh_axes = tuple(sorted(mesh_axes))
-    self._result = None
-    # The lowering that made this sum keeps counting its collectives even if
-    # the sum is materialised later (e.g. by export_to_tf_tensor).
-    self._recorder = mesh_impl._recorder
-
-  @property
-  def materialized(self):
-    return self._result is not None
-
-  def to_laid_out_tensor(self):
-    if self._result is None:
-      self._result = self.record_while(self._reduce)
-    return self._result
-
-  def set_result(self, laid_out):
-    """The reduced value, computed elsewhere (a fused bucket)."""
-    self._result = laid_out
-
-  def record_while(self, fn):
-    """fn(), with collectives counted by the lowering that made this sum."""
-    saved = self.mesh_impl._recorder
-    self.mesh_impl._recorder = self._recorder
-    try:
-      return fn()
-    finally:
-      self.mesh_impl._recorder = saved
-
-  def _reduce(self):
-    return self.mesh_impl.allreduce(self.laid_out, list(self.mesh_axes), "SUM")
 
 
 _SCOPE_CHARS = re.compile(r"[^A-Za-z0-9_.\-]")
@@ -80,16 +38,8 @@ def scope_name(op_name):
   return name if name[:1].isalnum() else "op" + name
 
 
-def all_operations(operations):
-  """operations and, depth first, the inner operations of those that lower
-  a sub-graph themselves (a while loop's body, its gradient's backward
-  body): an op lists them in `inner_operations`. They are never lowered at
-  top level, but their layouts are validated up front and their inputs
-  count as consumers (so pending sums they share are reduced once)."""
-  for op in operations:
-    yield op
-    if op.inner_operations:
-      yield from all_operations(op.inner_operations)
+# The graph walk lives with the graph; the engine's callers keep this name.
+all_operations = graph_lib.all_operations
 
 
 def renamed_source(tensor, layout_of):

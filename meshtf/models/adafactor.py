@@ -16,7 +16,8 @@ Example:
   >>> ops = opt.apply_grads(mtf.gradients([loss], variables), variables)
 """
 from meshtf import graph as graph_lib
-from meshtf.models import optimize
+from meshtf.models import conventions
+from meshtf.models import optimizer_base
 from meshtf.models.schedules import _minimum
 from meshtf.models.schedules import _rsqrt
 from meshtf.models.schedules import step_num
@@ -24,10 +25,10 @@ from meshtf.ops import elementwise
 from meshtf.ops import reductions
 from meshtf.ops import variables as variables_lib
 
-_pow = optimize._pow
+_pow = optimizer_base._pow
 
 
-class AdafactorOptimizer(optimize.Optimizer):
+class AdafactorOptimizer(optimizer_base.Optimizer):
   """Adafactor (Shazeer and Stern, 2018) as in Mesh TensorFlow.
 
   The second moment of a parameter with two dims of size >=
@@ -85,11 +86,9 @@ class AdafactorOptimizer(optimize.Optimizer):
 
   @staticmethod
   def _learning_rate_default(multiply_by_parameter_scale):
-    # Lazy: mesh_tf_layers imports meshtf's top level.
-    from meshtf.models import mesh_tf_layers  # pylint: disable=g-import-not-at-top
     # As Mesh TF: no 0.05 under the unit-scaling convention (read here).
     scale = (1.0 if multiply_by_parameter_scale
-             or mesh_tf_layers.unit_scaling_convention() else 0.05)
+             or conventions.unit_scaling_convention() else 0.05)
     return lambda step: _minimum(_rsqrt(step + 1.0), 0.01) * scale
 
   def _factored_dims(self, shape):
@@ -167,8 +166,8 @@ class _VariableUpdate(object):
     var, dtype = self.var, self.grad.dtype
     if self.factored_dims:
       d0, d1 = self.factored_dims
-      vr = optimize._slot(var, "vr", var.shape - d0, dtype)
-      vc = optimize._slot(var, "vc", var.shape - d1, dtype)
+      vr = optimizer_base._slot(var, "vr", var.shape - d0, dtype)
+      vc = optimizer_base._slot(var, "vc", var.shape - d1, dtype)
       self.new_vr = vr * self.decay_rate + self.vr_mean * self.mixing_rate
       self.new_vc = vc * self.decay_rate + self.vc_mean * self.mixing_rate
       self.ops += [variables_lib.assign(vr, self.new_vr),
@@ -176,7 +175,7 @@ class _VariableUpdate(object):
       self.long_term_mean = reductions.reduce_mean(self.new_vr,
                                                    reduced_dim=d1)
       return [self.long_term_mean]
-    v = optimize._slot(var, "v", dtype=dtype)
+    v = optimizer_base._slot(var, "v", dtype=dtype)
     self.new_v = v * self.decay_rate + self.grad_squared * self.mixing_rate
     self.ops.append(variables_lib.assign(v, self.new_v))
     return []
@@ -208,7 +207,7 @@ class _VariableUpdate(object):
           opt._epsilon2) * self.learning_rate
     subtrahend = x * update_scale
     if opt._beta1:
-      m = optimize._slot(var, "m", dtype=self.grad.dtype)
+      m = optimizer_base._slot(var, "m", dtype=self.grad.dtype)
       subtrahend = m * opt._beta1 + subtrahend * (1.0 - opt._beta1)
       self.ops.append(variables_lib.assign(m, subtrahend))
     # assign_sub, not assign(var - ...): see SgdOptimizer.
@@ -283,7 +282,7 @@ def adafactor_optimizer_from_hparams(hparams, lr):
 
 
 
-class AdafactorWithMultiLRSchedule(optimize._MultiLRSchedule,
+class AdafactorWithMultiLRSchedule(optimizer_base._MultiLRSchedule,
                                    AdafactorOptimizer):
   """Adafactor with other learning-rate schedules for some variables.
 

@@ -28,6 +28,7 @@ import tensorflow as tf
 import meshtf as mtf
 from meshtf.models import dtypes
 from meshtf.models import norms
+from meshtf.models.conventions import unit_scaling_convention
 
 
 # --- helpers -----------------------------------------------------------------
@@ -67,6 +68,71 @@ def _check_dims(x, dims, what, present=True):
       raise ValueError("%s: %s %s %s dimension %s" % (
           what, x.name, x.shape, "has no" if present else "already has",
           d.name))
+
+
+# --- dense's initializers ----------------------------------------------------
+class DenseInitializer(object):
+  """An initializer layers.dense calls with (reduced_dims, new_dims) to get
+  the kernel's initializer (Mesh TF's protocol: fans from named dims, not
+  from dim positions).
+
+  Example:
+    >>> class Ones(DenseInitializer):
+    ...   def __call__(self, reduced_dims, new_dims):
+    ...     return mtf.ones_initializer()
+    >>> y = layers.dense(x, d_ff, kernel_initializer=Ones())
+  """
+
+  def __call__(self, reduced_dims, new_dims):
+    raise NotImplementedError("a DenseInitializer defines __call__("
+                              "reduced_dims, new_dims)")
+
+
+class DenseVarianceScalingInitializer(DenseInitializer):
+  """dense's default kernel initializer, Mesh TF's dense initializer
+  (`mtf.layers.VarianceScalingInitializer`; not the TF-style
+  mtf.ops.initializers.VarianceScalingInitializer, which takes its fans
+  from dim positions): stddev sqrt(scale / n), n the product of the
+  reduced dims' sizes (fan_in), of the new dims' (fan_out) or their mean
+  (fan_avg), or 1 under the unit-scaling convention (fan_in only).
+  distribution "normal" draws a normal of that stddev truncated at two
+  stddevs (tf.truncated_normal_initializer's sense: the drawn values'
+  spread is ~0.88 of it), "uniform" draws from [-limit, limit],
+  limit = stddev * sqrt(3).
+
+  Example:
+    >>> init = DenseVarianceScalingInitializer(scale=2.0, mode="fan_avg")
+    >>> y = layers.dense(x, d_ff, kernel_initializer=init)
+  """
+
+  def __init__(self, scale=1.0, mode="fan_in", distribution="normal"):
+    self.scale = scale
+    self.mode = mode.lower()
+    self.distribution = distribution.lower()
+    if self.mode not in ("fan_in", "fan_out", "fan_avg"):
+      raise ValueError("VarianceScalingInitializer mode %r: use fan_in, "
+                       "fan_out or fan_avg" % (mode,))
+    if self.distribution not in ("normal", "uniform"):
+      raise ValueError("VarianceScalingInitializer distribution %r: use "
+                       "normal or uniform" % (distribution,))
+
+  def __call__(self, reduced_dims, new_dims):
+    fan_in = math.prod(d.size for d in reduced_dims)
+    fan_out = math.prod(d.size for d in new_dims)
+    scale = self.scale
+    if unit_scaling_convention():
+      if self.mode != "fan_in":
+        raise ValueError("VarianceScalingInitializer mode %r: the unit-"
+                         "scaling convention works with fan_in only"
+                         % (self.mode,))
+    else:
+      scale /= max(1.0, {"fan_in": fan_in, "fan_out": fan_out,
+                         "fan_avg": (fan_in + fan_out) / 2.0}[self.mode])
+    stddev = scale ** 0.5
+    if self.distribution == "normal":
+      return mtf.truncated_normal_initializer(stddev=stddev)
+    limit = stddev * 3.0 ** 0.5
+    return mtf.random_uniform_initializer(minval=-limit, maxval=limit)
 
 
 # --- dense -------------------------------------------------------------------
@@ -151,7 +217,7 @@ def get_dense_kernel_weights(x, new_dims, reduced_dims, expert_dims,
   """
   reduced_dims = _dim_list(reduced_dims)
   if kernel_initializer is None:
-    kernel_initializer = VarianceScalingInitializer()
+    kernel_initializer = DenseVarianceScalingInitializer()
   if isinstance(kernel_initializer, DenseInitializer):
     kernel_initializer = kernel_initializer(reduced_dims, _dim_list(new_dims))
   scope = _scope(x.mesh, name, "dense")
@@ -661,32 +727,6 @@ def masked_local_attention_1d(x, kv_channels, heads, is_training=None,
       batch_dims + [length, io_channels]))
 
 
-__all__ = [
-    "dense", "get_dense_kernel_weights", "layer_norm", "rms_norm",
-    "embedding_weights", "embedding",
-    "softmax_cross_entropy_with_logits", "dense_relu_dense",
-    "rename_length_to_memory_length", "dot_product_attention",
-    "multihead_attention_vars", "multihead_attention",
-    "attention_mask_autoregressive", "attention_mask_ignore_padding",
-    "attention_mask_same_segment", "dense_product", "batch_norm",
-    "masked_local_attention_1d",
-]
-
-# mtf.layers also holds the convolution layers and pools (Mesh TensorFlow's
-# layers.py had them); they live in their own module.
-from meshtf.models.conv_layers import *  # noqa: E402,F401,F403
-from meshtf.models import conv_layers as _conv_layers  # noqa: E402
-__all__ += _conv_layers.__all__
-# ... and more of Mesh TF's layers.py names (jitter, sigmoid cross entropy).
-from meshtf.models.mesh_tf_layers import *  # noqa: E402,F401,F403
-from meshtf.models import mesh_tf_layers as _mesh_tf_layers  # noqa: E402
-__all__ += _mesh_tf_layers.__all__
-from meshtf.models.mesh_tf_local_attention import *  # noqa: E402,F401,F403
-from meshtf.models import (  # noqa: E402
-    mesh_tf_local_attention as _local_attention)
-__all__ += _local_attention.__all__
-
-
 def weights_nonzero(targets, dtype=tf.float32):
   """1 where targets != 0, else 0 (Mesh TF's loss weights for padded ids).
 
@@ -714,3 +754,16 @@ def corr(x, dim, epsilon=1e-20, name="pearson_correlation"):
   norm_a = mtf.sqrt(mtf.reduce_sum(mtf.square(a), output_shape=[d1])) + epsilon
   norm_b = mtf.sqrt(mtf.reduce_sum(mtf.square(b), output_shape=[d2])) + epsilon
   return cov / (norm_a * norm_b)
+
+
+__all__ = [
+    "dense", "get_dense_kernel_weights", "layer_norm", "rms_norm",
+    "embedding_weights", "embedding",
+    "softmax_cross_entropy_with_logits", "dense_relu_dense",
+    "rename_length_to_memory_length", "dot_product_attention",
+    "multihead_attention_vars", "multihead_attention",
+    "attention_mask_autoregressive", "attention_mask_ignore_padding",
+    "attention_mask_same_segment", "dense_product", "batch_norm",
+    "masked_local_attention_1d", "weights_nonzero", "corr",
+    "DenseInitializer", "DenseVarianceScalingInitializer",
+]

@@ -625,12 +625,3 @@ class MoeFeedForward(tl.TransformerLayer):
 __all__ = ["MoeParams", "moe_layer", "MoeFeedForward", "top_2_gating",
            "switch_gating", "expert_capacity", "split_into_groups",
            "validate_hparams"]
-
-# Mesh TensorFlow's own MoE layers, with its routing and numbers, under its
-# names (mtf.transformer.moe.MoE1D ... after meshtf.compat.install()).
-from meshtf.models.mesh_tf_moe import HParams  # noqa: E402,F401
-from meshtf.models.mesh_tf_moe import MoE1D  # noqa: E402,F401
-from meshtf.models.mesh_tf_moe import MoE2D  # noqa: E402,F401
-from meshtf.models.mesh_tf_moe import set_default_moe_hparams  # noqa: E402,F401
-from meshtf.models.mesh_tf_moe import transformer_moe_layer_v1  # noqa: E402,F401
-from meshtf.models.mesh_tf_moe import transformer_moe_layer_v2  # noqa: E402,F401

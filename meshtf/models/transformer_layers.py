@@ -759,9 +759,3 @@ __all__ = [
     "sinusoidal_position_signal", "autoregressive_inputs",
     "delimited_lm_inputs_mask", "MASK_VALUE", "MODES",
 ]
-
-# The convolution layers live in their own module (this one is near its
-# size limit); Mesh TF had them in transformer_layers.
-from meshtf.models.conv_transformer_layers import *  # noqa: E402,F401,F403
-from meshtf.models import conv_transformer_layers as _conv  # noqa: E402
-__all__ += _conv.__all__

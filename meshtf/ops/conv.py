@@ -64,7 +64,7 @@ import tensorflow as tf
 from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.layouts import errors
-from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import pending as pending_lib
 from meshtf.ops.conv_slices import flatten_batch  # noqa: F401
 from meshtf.ops.conv_slices import halo_extend  # noqa: F401
 from meshtf.ops.conv_slices import halo_reduce  # noqa: F401
@@ -418,7 +418,7 @@ class ConvOperation(_ConvBase):
     y = impl.slicewise(local, x, f)
     axes = impl.mesh_layout.split_axes(g.in_dim)
     if axes:  # partial sums over this processor's in channels
-      y = lowering_lib.PendingSum(impl, y, axes)
+      y = pending_lib.PendingSum(impl, y, axes)
     lowering.set_tensor_lowering(out, y)
 
 
@@ -475,7 +475,7 @@ class ConvInputGradOperation(_ConvBase):
       dx = impl.slicewise(lambda t: g.from_image(t, x_sizes), dx)
     axes = impl.mesh_layout.split_axes(g.out_dim)
     if axes:  # partial sums over this processor's out channels
-      dx = lowering_lib.PendingSum(impl, dx, axes)
+      dx = pending_lib.PendingSum(impl, dx, axes)
     lowering.set_tensor_lowering(out, dx)
 
 
@@ -536,7 +536,7 @@ class ConvFilterGradOperation(_ConvBase):
       for i in rest:
         df = impl.resplit_dim(df, out.shape, i)
     elif reduced:
-      df = lowering_lib.PendingSum(impl, df, reduced)
+      df = pending_lib.PendingSum(impl, df, reduced)
     lowering.set_tensor_lowering(out, df)
 
 

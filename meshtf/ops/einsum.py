@@ -11,7 +11,7 @@ Example:
 from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.layouts import errors
-from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import pending as pending_lib
 from meshtf.ops import _local
 
 
@@ -80,7 +80,7 @@ class EinsumOperation(graph_lib.Operation):
     local = impl.slicewise(fn, *operands)
     reduced = impl.reduced_mesh_axes(self._all_dims, out.shape)
     if reduced:
-      local = lowering_lib.PendingSum(impl, local, reduced)
+      local = pending_lib.PendingSum(impl, local, reduced)
     lowering.set_tensor_lowering(out, local)
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.lowering import constants
-from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import pending as pending_lib
 from meshtf.ops import _local
 
 
@@ -94,9 +94,9 @@ class UnaryOperation(graph_lib.Operation):
     raw = lowering.pending_or_laid_out(x)
     fn = _unary_rule(self._kind)[0]
     if self._kind in ("negative", "identity") and isinstance(
-        raw, lowering_lib.PendingSum):
+        raw, pending_lib.PendingSum):
       # Linear: the allreduce can wait.
-      lowering.set_tensor_lowering(self._outputs[0], lowering_lib.PendingSum(
+      lowering.set_tensor_lowering(self._outputs[0], pending_lib.PendingSum(
           impl, impl.slicewise(fn, raw.laid_out), raw.mesh_axes))
       return
     lowering.set_tensor_lowering(self._outputs[0],
@@ -295,12 +295,12 @@ class BinaryOperation(graph_lib.Operation):
     rx = lowering.pending_or_laid_out(x)
     ry = lowering.pending_or_laid_out(y)
     if (self._kind in ("add", "sub")
-        and isinstance(rx, lowering_lib.PendingSum)
-        and isinstance(ry, lowering_lib.PendingSum)
+        and isinstance(rx, pending_lib.PendingSum)
+        and isinstance(ry, pending_lib.PendingSum)
         and rx.mesh_axes == ry.mesh_axes
         and x.shape == out.shape and y.shape == out.shape):
       # Sum of partial sums: still one allreduce, later.
-      lowering.set_tensor_lowering(out, lowering_lib.PendingSum(
+      lowering.set_tensor_lowering(out, pending_lib.PendingSum(
           impl, impl.slicewise(fn, rx.laid_out, ry.laid_out), rx.mesh_axes))
       return
     def local(a, b):
@@ -326,8 +326,8 @@ class ScalarMultiplyOperation(graph_lib.Operation):
     raw = lowering.pending_or_laid_out(self._inputs[0])
     dtype = self._inputs[0].dtype
     fn = lambda t: t * constants.constant(self._scalar, dtype)
-    if isinstance(raw, lowering_lib.PendingSum):
-      value = lowering_lib.PendingSum(impl, impl.slicewise(fn, raw.laid_out),
+    if isinstance(raw, pending_lib.PendingSum):
+      value = pending_lib.PendingSum(impl, impl.slicewise(fn, raw.laid_out),
                                       raw.mesh_axes)
     else:
       value = impl.slicewise(fn, raw)
@@ -497,8 +497,8 @@ class CastOperation(graph_lib.Operation):
     fn = lambda t: tf.cast(t, dtype)  # noqa: E731
     raw = lowering.pending_or_laid_out(self._inputs[0])
     if (self.sums_later and self.widens and
-        isinstance(raw, lowering_lib.PendingSum)):
-      lowering.set_tensor_lowering(self._outputs[0], lowering_lib.PendingSum(
+        isinstance(raw, pending_lib.PendingSum)):
+      lowering.set_tensor_lowering(self._outputs[0], pending_lib.PendingSum(
           impl, impl.slicewise(fn, raw.laid_out), raw.mesh_axes))
       return
     lowering.set_tensor_lowering(self._outputs[0], impl.slicewise(

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
-from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import pending as pending_lib
 from meshtf.ops import _local
 
 # Note: this module defines `range` (Mesh TensorFlow's name), so the builtin
@@ -284,7 +284,7 @@ class GatherOperation(graph_lib.Operation):
       value = impl.allreduce_and_resplit(value, axes, out.shape,
                                          out.shape.dimension_names.index(q))
     elif axes:
-      value = lowering_lib.PendingSum(impl, value, axes)
+      value = pending_lib.PendingSum(impl, value, axes)
     lowering.set_tensor_lowering(out, value)
 
 
@@ -354,7 +354,7 @@ class ScatterAddOperation(graph_lib.Operation):
     axes = [a for a in impl.reduced_mesh_axes(p.union, out.shape)
             if a not in gathered]
     if axes:
-      value = lowering_lib.PendingSum(impl, value, axes)
+      value = pending_lib.PendingSum(impl, value, axes)
     lowering.set_tensor_lowering(out, value)
 
 
@@ -427,7 +427,7 @@ class CumsumOperation(graph_lib.Operation):
     raw = lowering.pending_or_laid_out(x)
     # cumsum is linear, so a pending sum stays pending (x's dims never use
     # the pending sum's axes, so neither do the stripe totals).
-    pending = isinstance(raw, lowering_lib.PendingSum)
+    pending = isinstance(raw, pending_lib.PendingSum)
     t = raw.laid_out if pending else raw
     # An uneven stripe's padding adds nothing to the totals.
     t = impl.mask_padding(t, x.shape, 0, [self._dim.name])
@@ -451,7 +451,7 @@ class CumsumOperation(graph_lib.Operation):
       value = impl.slicewise(combine, t, totals,
                              impl.laid_out_shard_index(mesh_axis))
     if pending:
-      value = lowering_lib.PendingSum(impl, value, raw.mesh_axes)
+      value = pending_lib.PendingSum(impl, value, raw.mesh_axes)
     lowering.set_tensor_lowering(out, value)
 
 

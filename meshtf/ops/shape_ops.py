@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
-from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import pending as pending_lib
 from meshtf.ops import _local
 
 
@@ -65,11 +65,11 @@ class ReshapeOperation(graph_lib.Operation):
     impl = lowering.mesh_impl(self)
     x, out = self._inputs[0], self._outputs[0]
     raw = lowering.pending_or_laid_out(x)
-    if isinstance(raw, lowering_lib.PendingSum):
+    if isinstance(raw, pending_lib.PendingSum):
       plan = impl.mesh_layout.relayout_plan(x.shape, out.shape, x.dtype.size)
       if all(s.kind == "reshape" for s in plan.steps):
         # Linear and local (a rename): the allreduce can wait.
-        lowering.set_tensor_lowering(out, lowering_lib.PendingSum(
+        lowering.set_tensor_lowering(out, pending_lib.PendingSum(
             impl, impl.execute_relayout(raw.laid_out, plan), raw.mesh_axes))
         return
     lowering.set_tensor_lowering(

@@ -242,4 +242,48 @@ def sort(x, dim, descending=False, name=None):
   return SortOperation(x, dim, descending, name=name).outputs[0]
 
 
-__all__ = ["top_k", "top_1", "argmax", "sample_with_temperature", "sort"]
+# --- selections along one dim ------------------------------------------------
+def reduce_first(tensor, reduced_dim, name=None):
+  """tensor at index 0 of reduced_dim (that dim removed). Where reduced_dim
+  is split, the processors holding index 0 contribute it and the others zeros,
+  summed over its mesh axis. The gradient flows to index 0 only.
+
+  Example:
+    >>> first_token = mtf.reduce_first(embeddings, length_dim)
+  """
+  dim = index.find_dim(tensor, reduced_dim, "reduce_first", "reduced_dim")
+  return index.gather(tensor, 0, dim, name=name or "reduce_first")
+
+
+def nth_largest_element(x, n, reduced_dim, name=None):
+  """The n-th largest entry of x along reduced_dim, n counted from 0 (n=0
+  is the max; Mesh TensorFlow's convention). A top_k with k = n + 1 (its
+  candidates are gathered across a split reduced_dim), then entry n.
+
+  Example:
+    >>> threshold = mtf.nth_largest_element(scores, 2, vocab_dim)  # 3rd
+  """
+  dim = index.find_dim(x, reduced_dim, "nth_largest_element", "reduced_dim")
+  if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n < dim.size:
+    raise ValueError(
+        "nth_largest_element: n=%r must be an integer in [0, %d) for "
+        "reduced_dim %s:%d of %s %s (n counts from 0)" % (
+            n, dim.size, dim.name, dim.size, x.name, x.shape))
+  k_dim = shapes.Dimension("_top_k_", n + 1)
+  values, _ = top_k(x, dim, k_dim, name=name)
+  return index.gather(values, n, k_dim)
+
+
+def nth_smallest_element(x, n, reduced_dim, name=None):
+  """The n-th smallest entry of x along reduced_dim, n counted from 0:
+  -nth_largest_element(-x, n, reduced_dim).
+
+  Example:
+    >>> median = mtf.nth_smallest_element(x, length_dim.size // 2, length_dim)
+  """
+  return elementwise.negative(nth_largest_element(
+      elementwise.negative(x), n, reduced_dim, name=name))
+
+
+__all__ = ["top_k", "top_1", "argmax", "sample_with_temperature", "sort",
+           "reduce_first", "nth_largest_element", "nth_smallest_element"]

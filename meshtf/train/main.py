@@ -29,7 +29,9 @@ whose model differs from it is refused, naming the fields.
 Bad input (flags, config and its ranges, mesh shape, layout, device count,
 memory, data and prompt files, model_dir, checkpoints) is reported as one
 line on stderr before anything is written, with exit code 2
-(meshtf/train/preflight.py); a diverged training run stops with one line
+(meshtf/train/preflight.py, run by meshtf/train/runner.py, which also
+dispatches the modes; this module holds the flags, the config resolution,
+the exit codes and the entry point); a diverged training run stops with one line
 and exit code 1 (meshtf/train/errors.py); SIGINT / SIGTERM save where
 training stopped and exit 130 / 143 (meshtf/train/stopping.py). TensorFlow's C++
 start-up lines are not shown (meshtf/train/startup.py; --verbosity=0 shows
@@ -61,15 +63,18 @@ from meshtf.train import preflight
 from meshtf.train import session as session_lib
 from meshtf.train import stopping
 from meshtf.train import training_loop
+# The runner's names are the binary's too (main.run(config, mode, dir)).
+from meshtf.train.runner import EXPORT_DIR
+from meshtf.train.runner import check_checkpoint
+from meshtf.train.runner import export
+from meshtf.train.runner import prepare
+from meshtf.train.runner import run
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                "config.py")
 METRICS_FILE = training_loop.METRICS_FILE
 CONFIG_FILE = model_dir_lib.CONFIG_FILE
-EXPORT_DIR = "export"
-# Beyond this many virtual CPUs in one process a step takes minutes on a
-# CPU host: a larger mesh is refused unless --num_virtual_cpus asks for it.
-MAX_VIRTUAL_CPUS = 64
+MAX_VIRTUAL_CPUS = preflight.MAX_VIRTUAL_CPUS
 
 FLAGS = flags.FLAGS
 UsageError = errors.UsageError
@@ -345,279 +350,20 @@ def default_model_dir(config_path):
                       "default" if stem == "config" else stem)
 
 
-# --- checks before writing anything -------------------------------------------
-def check_checkpoint(config, model_dir, mode, found=None, graph=None):
-  """Raises UsageError if model_dir's newest intact checkpoint (`found`,
-  a checkpoint.IntactCheckpoint; read here if None) does not fit the
-  config's model (`graph`: its symbolic training graph, built here if
-  None), or, outside train, if there is none. Reads only; returns the
-  IntactCheckpoint (None: train from scratch)."""
-  from meshtf.train import checkpoint
-  from meshtf.train import experiment
-  if found is None:
-    try:
-      found = checkpoint.CheckpointManager(model_dir).read_newest_intact()
-    except checkpoint.DamagedCheckpointError as e:
-      raise UsageError("%s: move them out of the way (or delete them) to "
-                       "start again, or use another --model_dir" % e) \
-          from None
-  if found is None:
-    if mode != "train":
-      raise UsageError("no checkpoint in %s to %s: run --mode=train with "
-                       "this --model_dir first" % (model_dir, mode))
-    return None
-  latest, saved = found.path, found.meta["variables"]
-  if graph is None:
-    graph = experiment.build_training_graph(config)[0]
-  needed = graph.all_variables if mode == "train" else \
-      graph.trainable_variables
-  for v in needed:
-    if v.name not in saved:
-      raise UsageError(
-          "checkpoint %s has no variable %r that this config's model has: it "
-          "was trained with another config: pass that --config, or use a "
-          "new --model_dir for this one" % (latest, v.name))
-    if list(saved[v.name]["shape"]) != v.shape.to_integer_list:
-      raise UsageError(
-          "checkpoint %s has variable %r with shape %s but this config's "
-          "model needs %s: restore with the config that trained it, or use "
-          "a new --model_dir" % (latest, v.name, saved[v.name]["shape"],
-                                 v.shape.to_integer_list))
-  if mode == "train":
-    extra = sorted(set(saved) - {v.name for v in graph.all_variables})
-    if extra:
-      raise UsageError("checkpoint %s has variables this config's model "
-                       "lacks (%s...): it was trained with another config: "
-                       "pass that --config, or use a new --model_dir for "
-                       "this one" % (latest, extra[0]))
-  return found
 
 
-def _check_config_matches(config, model_dir, source):
-  """A config whose model differs from the one model_dir's checkpoints
-  were trained with is refused, naming the fields."""
-  from meshtf.train import checkpoint
-  if not checkpoint.CheckpointManager(model_dir).checkpoints():
-    return
-  try:
-    saved = model_dir_lib.read_config(model_dir)
-  except UsageError:
-    return   # broken: the checkpoint's variables are checked instead
-  conflicts = [] if saved is None else model_dir_lib.config_conflicts(
-      saved, config)
-  if conflicts:
-    raise UsageError(
-        "%s does not match the model %s was trained with: %s: leave out "
-        "--config to use the saved one, or use a new --model_dir" % (
-            source, model_dir, "; ".join(conflicts)))
 
 
-def _check_device_count(config, mesh_layout, workers):
-  """A mesh the binary would run as more than MAX_VIRTUAL_CPUS virtual CPUs
-  per process (a paper config on this machine) is refused."""
-  per_process = mesh_layout.size // (workers.num_workers if workers else 1)
-  if config.num_virtual_cpus or per_process <= MAX_VIRTUAL_CPUS:
-    return
-  # A planning mode (memory and step time without devices), where the
-  # binary has one, is the place to look at such a config here.
-  plan = ("; --mode=plan reports its memory and step time without devices"
-          if "plan" in config_lib.MODES else "")
-  raise config_lib.ConfigError([
-      "mesh_shape %r needs %d devices, which this run would make as %d "
-      "virtual CPUs on %d CPU cores (minutes per step; more than %d are "
-      "not made unasked): run it where %d devices are (--worker_hosts), "
-      "shrink it (--mesh_shape), or pass --num_virtual_cpus=%d to try; the "
-      "config and its layout are valid (checked without devices)%s" % (
-          str(config.mesh_shape), mesh_layout.size, per_process,
-          os.cpu_count() or 1, MAX_VIRTUAL_CPUS, mesh_layout.size,
-          mesh_layout.size, plan)])
 
 
-def prepare(config, model_dir, mode, workers=None, devices=None,
-            flag_names=None, source="the config"):
-  """Everything that must pass before a directory is created or a device
-  configured: the config (ranges, layout and data files included),
-  model_dir, the prompt file, a run already training there, the config
-  model_dir was trained with, the newest intact checkpoint, the workers,
-  the device count and the memory the step needs (the plan's estimate
-  against this machine's memory). Returns (mesh_layout, IntactCheckpoint
-  or None, prompts).
-
-  Example:
-    >>> layout, found, prompts = prepare(config, "/tmp/lm", "eval")
-    >>> found.step
-    225
-  """
-  from meshtf.train import decode as decode_lib
-  from meshtf.train import workers as workers_lib
-  mesh_layout = config_lib.validate(config, flag_names=flag_names,
-                                    check_layout=False)
-  # The symbolic training graph, built once: its layouts are checked here,
-  # the checkpoint's variables and the memory estimate below.
-  graph, graph_layout, problem = config_lib.checked_training_graph(
-      config, mesh_layout)
-  if problem:
-    raise config_lib.ConfigError([problem])
-  writes = mode in ("train", "export", "plan", "sweep") or (
-      mode == "decode" and config.decode_prompts_file and
-      not config.decode_output_file)
-  if writes:
-    model_dir_lib.check_writable(model_dir)
-  else:
-    model_dir_lib.check_not_a_file(model_dir)
-  prompt_set = (decode_lib.read_prompts(config, model_dir)
-                if mode == "decode" else None)
-  if mode == "train" and (workers is None or workers.is_chief):
-    # The chief locks; other workers write nothing.
-    model_dir_lib.check_not_in_use(model_dir)
-  if mode in ("plan", "sweep"):   # no checkpoint: the config alone
-    return mesh_layout, None, None
-  _check_config_matches(config, model_dir, source)
-  found = check_checkpoint(config, model_dir, mode, graph=graph)
-  problems = workers_lib.problems(config, mesh_layout, workers, mode)
-  if problems:
-    raise config_lib.ConfigError(problems)
-  if devices is None:
-    _check_device_count(config, mesh_layout, workers)
-  if devices is None or not any("GPU" in str(d) or "TPU" in str(d)
-                                for d in devices):
-    # Virtual CPUs share this machine's memory; what cannot fit it is
-    # refused before TensorFlow allocates (GPUs' own memory is TF's).
-    here = mesh_layout.size // (workers.num_workers if workers else 1)
-    problem = preflight.memory_problem(config, mesh_layout, graph, mode,
-                                       here, graph_layout=graph_layout)
-    if problem:
-      raise config_lib.ConfigError([problem])
-  return mesh_layout, found, prompt_set
 
 
-# --- modes --------------------------------------------------------------------
-def run(config, mode, model_dir, devices=None, out=None, progress=None,
-        workers=None, err=None, flag_names=None, source="the config",
-        stops=None):
-  """Runs one mode in-process; returns its results as a dict. Raises
-  ConfigError / UsageError / DataError / PromptError / LayoutError on bad
-  input (before writing) and DivergedError when training diverges.
-  workers (meshtf.train.workers.Workers): this process is one worker of a
-  multi-worker mesh; the cluster is joined here, before any TF work.
-  Warnings (a damaged checkpoint skipped, a stale lock taken over) go to
-  err (default sys.stderr) as one line each. stops: a
-  stopping.StopRequests whose signals stop the run cleanly (the binary's;
-  see meshtf/train/stopping.py)."""
-  out = out or sys.stdout
-  prefix = "" if workers is None or workers.is_chief else \
-      "[worker %d] " % workers.index
-  log = lambda *a: print(prefix + " ".join(  # noqa: E731
-      str(x) for x in a), file=out, flush=True)
-
-  def warn(message):
-    stream = err or sys.stderr
-    stream.write("meshtf.train: warning: %s%s\n" % (prefix, message))
-    stream.flush()
-  if mode not in config_lib.MODES:
-    raise config_lib.ConfigError(["mode %r is unknown: use --mode=%s" % (
-        mode, " | ".join(config_lib.MODES))])
-  from meshtf.train import auto_layout
-  stops = stops or stopping.NoStops()
-  stops.phase = "checking the config"
-  # --layout=auto: the layout is chosen from plans (no devices, no TF
-  # work), and then everything is checked as for a layout given by hand.
-  layout_choice = auto_layout.resolve(config, log)
-  mesh_layout, found, prompt_set = prepare(config, model_dir, mode, workers,
-                                           devices, flag_names, source)
-  chief = workers is None or workers.is_chief
-  lock = model_dir_lib.ModelDirLock(model_dir) \
-      if mode == "train" and chief else None
-  try:
-    if lock is not None:
-      took_over = lock.acquire()
-      if took_over:
-        warn(took_over)
-    _report_damaged(found, lock is not None, warn)
-    if lock is not None:
-      from meshtf.train import checkpoint
-      removed = model_dir_lib.clean_leftovers(
-          model_dir, checkpoint.CheckpointManager(model_dir))
-      if removed:
-        log("model_dir: removed what an interrupted run left: %s" %
-            ", ".join(removed))
-    result = _run_mode(config, mode, model_dir, devices, log, progress,
-                       workers, mesh_layout, found, prompt_set,
-                       layout_choice, stops)
-    if layout_choice is not None and isinstance(result, dict):
-      result["layout_choice"] = layout_choice
-    return result
-  finally:
-    if lock is not None:
-      lock.release()
 
 
-def _report_damaged(found, may_move, warn):
-  """One warning line per damaged checkpoint skipped; the lock holder
-  moves each out of the way (kept as damaged-ckpt-<step>)."""
-  from meshtf.train import checkpoint
-  if found is None:
-    return
-  for path, why in found.damaged:
-    moved = ""
-    if may_move:
-      manager = checkpoint.CheckpointManager(os.path.dirname(path))
-      moved = "; moved to %s" % os.path.basename(manager.quarantine(path))
-    warn("checkpoint %s is damaged (%s): using %s (step %d) instead%s" % (
-        path, why, os.path.basename(found.path), found.step, moved))
 
 
-def _run_mode(config, mode, model_dir, devices, log, progress, workers,
-              mesh_layout, found, prompt_set, layout_choice=None,
-              stops=None):
-  from meshtf.train import startup
-  stops = stops or stopping.NoStops()
-  stops.phase = {"train": "starting TensorFlow and building the model",
-                 "export": "exporting (the SavedModel is written under a "
-                           "temporary name until complete)",
-                 "eval": "evaluating", "decode": "decoding",
-                 "plan": "planning", "sweep": "sweeping"}[mode]
-  if mode == "export":
-    return export(config, model_dir, log, found)
-  if mode == "plan":
-    from meshtf.train import plan_mode
-    return plan_mode.run_plan(config, mesh_layout, model_dir, log,
-                              layout_choice)
-  if mode == "sweep":
-    from meshtf.train import sweep_mode
-    return sweep_mode.run_sweep(config, model_dir, log,
-                                run=bool(config.sweep_run), devices=devices)
-  from meshtf.train import decode as decode_lib
-  from meshtf.train import experiment
-  from meshtf.train import workers as workers_lib
-  if workers is not None and devices is None:
-    devices = workers_lib.start(mesh_layout, workers)
-    startup.devices_ready()
-  session = Session(config, model_dir, mode, devices, log, workers,
-                    mesh_layout, checkpoint=found)
-  if mode == "train":
-    return train(session, progress, stops)
-  step = session.restore()
-  data = experiment.make_data(config, model_dir)
-  if mode == "eval":
-    result = session.evaluate(data)
-    log("eval at step %d: loss %.4f  accuracy %.4f  perplexity %.3f  "
-        "(%d held-out tokens)" % (step, result["loss"], result["accuracy"],
-                                  result["perplexity"], result["tokens"]))
-    result["step"] = step
-    return result
-  return decode_lib.decode(session, data, step, log, prompt_set)
 
 
-def export(config, model_dir, log, found=None):
-  """See meshtf/train/export.py."""
-  from meshtf.train import export as export_lib
-  path = export_lib.export(config, model_dir, os.path.join(model_dir,
-                                                           EXPORT_DIR),
-                           checkpoint=found)
-  log("exported SavedModel to %s (signatures: score, decode; see "
-      "meshtf/train/export.py for how to call them)" % path)
-  return {"path": path}
 
 
 # --- entry points -------------------------------------------------------------
@@ -791,7 +537,8 @@ def entry_point():
 
 __all__ = ["run", "run_command", "run_with_flags", "Session",
            "check_checkpoint", "UsageError", "define_flags", "parse_flags",
-           "resolve_config", "prepare", "entry_point", "MAX_VIRTUAL_CPUS"]
+           "resolve_config", "prepare", "entry_point", "MAX_VIRTUAL_CPUS",
+           "export", "EXPORT_DIR"]
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ MAX_SEED = 2 ** 63   # the seed is mixed into 64-bit random keys
 # most 1e-2. 0.1 leaves ten times that room; more shrinks every weight by
 # more than a tenth per step.
 MAX_DECAY_PER_STEP = 0.1
+# Beyond this many virtual CPUs in one process a step takes minutes on a
+# CPU host: a larger mesh is refused unless --num_virtual_cpus asks for it.
+MAX_VIRTUAL_CPUS = 64
 
 
 class Allowed(object):

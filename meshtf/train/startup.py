@@ -14,12 +14,12 @@ on. TF_CPP_MIN_LOG_LEVEL defaults to 2 (errors only) for the rest of the
 run (a value the user set is kept). `--verbosity=<n>` (or -v) keeps
 TensorFlow's output as it is.
 
-meshtf/__init__.py calls `quiet_if_command_line()` first thing: `python -m
-meshtf.train` imports the meshtf package (and so TensorFlow) before the
-binary's own module runs.
+meshtf/train/__main__.py and meshtf/examples/two_layer.py call
+`quiet_if_command_line()` before anything imports TensorFlow (the meshtf
+package face is lazy: importing it loads no TensorFlow).
 
 Example:
-  >>> quiet_if_command_line()   # in meshtf/__init__.py, before TF loads
+  >>> quiet_if_command_line()   # in meshtf/train/__main__.py, before TF loads
   >>> devices = mtf.virtual_cpu_devices(8)
   >>> devices_ready()           # stderr is the terminal again
 """

@@ -112,11 +112,11 @@ def _plan_entry(config, entry):
   return row
 
 
-def _run_entries(config, rows, model_dir, log, devices):
+def _run_entries(config, rows, model_dir, log, devices, train_entry):
   """Trains config.sweep_steps steps of each valid entry that this
-  process has the devices for; sets measured_step_seconds (the median
-  step after the first, which traces) or run_note (why not run)."""
-  from meshtf.train import main
+  process has the devices for, with train_entry (the binary's runner.run);
+  sets measured_step_seconds (the median step after the first, which
+  traces) or run_note (why not run)."""
   valid = [r for r in rows if r["valid"]]
   steps = max(2, int(config.sweep_steps))
   for row in valid:
@@ -129,9 +129,9 @@ def _run_entries(config, rows, model_dir, log, devices):
     c.checkpoint_every, c.stop_at_target = steps, False
     run_dir = os.path.join(model_dir, RUNS_DIR, "entry-%d" % row["entry"])
     lines = []
-    result = main.run(c, "train", run_dir,
-                      devices=devices[:row["processors"]],
-                      out=_Lines(lines), err=_Lines(lines))
+    result = train_entry(c, "train", run_dir,
+                         devices=devices[:row["processors"]],
+                         out=_Lines(lines), err=_Lines(lines))
     seconds = [r["step_seconds"] for r in result["history"][1:]]
     row["measured_step_seconds"] = statistics.median(seconds)
     row["run_note"] = "median of %d steps after the first (in %s)" % (
@@ -144,9 +144,9 @@ def _virtual_devices(config, entries):
   """Virtual CPU devices for the largest entry mesh of at most
   config.num_virtual_cpus (default the binary's limit) processors."""
   import meshtf as mtf
-  from meshtf.train import main
+  from meshtf.train import preflight
   from meshtf.train import startup
-  limit = config.num_virtual_cpus or main.MAX_VIRTUAL_CPUS
+  limit = config.num_virtual_cpus or preflight.MAX_VIRTUAL_CPUS
   sizes = []
   for e in entries:
     try:
@@ -243,11 +243,13 @@ def draw_sweep(rows, path, hardware):
   return [r["entry"] for r in valid]
 
 
-def run_sweep(config, model_dir, log, run=False, devices=None):
-  """Plans (and with run=True trains a few steps of) every entry of
-  config.sweep; logs a table; writes model_dir/sweep.csv and sweep.png
-  (atomically). Returns {"rows", "csv", "picture"}. Raises ConfigError
-  (one line) when config.sweep is empty or no entry is valid.
+def run_sweep(config, model_dir, log, devices=None, train_entry=None):
+  """Plans every entry of config.sweep (and, given train_entry, trains a
+  few steps of each: train_entry(config, mode, model_dir, devices=, out=,
+  err=) is the binary's runner.run, handed in); logs a table; writes
+  model_dir/sweep.csv and sweep.png (atomically). Returns {"rows", "csv",
+  "picture"}. Raises ConfigError (one line) when config.sweep is empty or
+  no entry is valid.
 
   Example:
     >>> result = run_sweep(config, "/tmp/sweep", print)
@@ -262,6 +264,7 @@ def run_sweep(config, model_dir, log, run=False, devices=None):
         "--mode=sweep needs candidates: --config.sweep=\"mesh_shape @ layout"
         " | mesh_shape @ layout ...\" (e.g. \"data:8 @ batch:data | "
         "data:4;model:2 @ batch:data;d_ff:model\")"])
+  run = train_entry is not None
   if run and devices is None:
     # Virtual CPUs are configured before TensorFlow's first op (planning
     # traces), as many as the largest entry this process may start.
@@ -278,7 +281,7 @@ def run_sweep(config, model_dir, log, run=False, devices=None):
       len(rows), hardware, len(valid), time.time() - t0))
   if run:
     log("running %d steps of each valid entry:" % max(2, config.sweep_steps))
-    _run_entries(config, rows, model_dir, log, devices)
+    _run_entries(config, rows, model_dir, log, devices, train_entry)
   log("  #  mesh / layout                                       step s     "
       "peak MB    sent MB  measured s")
   best = min(valid, key=lambda r: r["step_seconds"])

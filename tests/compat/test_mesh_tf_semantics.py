@@ -13,7 +13,7 @@ import pytest
 import harness
 import meshtf as mtf
 from meshtf.layouts import InactiveLayoutRuleWarning
-from meshtf.ops import mesh_tf_helpers
+from meshtf.compat import helpers as mesh_tf_helpers
 
 from conftest import DEVICES
 

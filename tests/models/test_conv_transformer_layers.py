@@ -10,6 +10,7 @@ import tensorflow as tf
 import harness
 import meshtf as mtf
 from meshtf.models import layers
+from meshtf.models import conv_transformer_layers as ctl
 from meshtf.models import transformer
 from meshtf.models import transformer_layers as tl
 
@@ -32,9 +33,9 @@ def test_conv_layers_and_dense_are_layout_invariant():
   def model(mesh, t):
     ctx = _context(mesh, "train", ids=t["ids"])
     ctx.scope = "conv"
-    conv = tl.Conv1DLayer(filter_size=3, output_size=3, activation="relu")
+    conv = ctl.Conv1DLayer(filter_size=3, output_size=3, activation="relu")
     ctx.scope = "sep"
-    sep = tl.SeparableConv1DLayer(-2, 1, output_size=D).call(ctx, t["x"])
+    sep = ctl.SeparableConv1DLayer(-2, 1, output_size=D).call(ctx, t["x"])
     ctx.scope = "conv"
     return {"conv": conv.call(ctx, t["x"]), "sep": sep,
             # d_model:4 -> d_model:5: the kernel is [_d_model:4, d_model:5].
@@ -61,7 +62,7 @@ def test_decoding_states_match_tensorflow():
 
   def model(mesh, t):
     ctx = _context(mesh, "first_part", start=t["start"])
-    layer = tl.Conv1D()
+    layer = ctl.Conv1D()
     layer.record_states_first_part_mode(ctx, t["x"], 3)
     inc = _context(mesh, "incremental", states=[t["old"]])
     window = layer.record_states_incremental_mode(inc, t["new"], 3)
@@ -90,7 +91,7 @@ def test_incremental_conv_equals_full_sequence_conv():
   ids = np.ones([B, L], np.int32)
 
   def model(mesh, t):
-    layer = tl.SeparableConv1DLayer(-2, 0, output_size=D)
+    layer = ctl.SeparableConv1DLayer(-2, 0, output_size=D)
     ctx = _context(mesh, "train", ids=t["ids"])
     ctx.scope = "s"
     full = layer.call(ctx, t["x"])
@@ -117,11 +118,11 @@ def test_incremental_conv_equals_full_sequence_conv():
 
 
 def test_layer_stack_layers_keyword_and_errors():
-  stack = transformer.LayerStack(layers=[tl.Conv1DLayer(3, 8)])
+  stack = transformer.LayerStack(layers=[ctl.Conv1DLayer(3, 8)])
   assert stack.num_layers == 1
   with pytest.raises(ValueError, match="pass the layer list once"):
     transformer.LayerStack([], layers=[])
   with pytest.raises(ValueError, match="max_relative_pos -1 < "):
-    tl.SeparableConv1DLayer(0, -1, 4)
+    ctl.SeparableConv1DLayer(0, -1, 4)
   with pytest.raises(ValueError, match="must be positive"):
-    tl.Conv1DLayer(0, 4)
+    ctl.Conv1DLayer(0, 4)

@@ -781,13 +781,13 @@ def test_from_hparams_options_and_errors():
 def test_adafactor_default_rate_under_unit_scaling():
   """As Mesh TF: without parameter scale the default rate is 0.05 times
   smaller, unless the unit-scaling convention is on at construction."""
-  from meshtf.models import mesh_tf_layers
-  before = mesh_tf_layers.unit_scaling_convention()
+  from meshtf.models import conventions
+  before = conventions.unit_scaling_convention()
   try:
     for unit_scaling, factor in [(False, 0.05), (True, 1.0)]:
-      mesh_tf_layers.unit_scaling_convention(unit_scaling)
+      conventions.unit_scaling_convention(unit_scaling)
       opt = optimize.AdafactorOptimizer(multiply_by_parameter_scale=False)
       np.testing.assert_allclose(opt._learning_rate(99.0), 0.01 * factor)
       np.testing.assert_allclose(opt._learning_rate(9999.0), 0.01 * factor)
   finally:
-    mesh_tf_layers.unit_scaling_convention(before)
+    conventions.unit_scaling_convention(before)

@@ -13,6 +13,7 @@ import tensorflow as tf
 import harness
 import meshtf as mtf
 from meshtf.ops import reductions
+from meshtf.ops import topk
 
 X = "batch:8;vocab:8"
 X3 = "batch:8;hidden:4;vocab:8"
@@ -225,22 +226,21 @@ def test_every_exported_reduction_is_tested():
   exported = {n for n in dir(mtf) if getattr(getattr(mtf, n), "__module__",
                                               None) == reductions.__name__}
   tested = set(REDUCE) | {"softmax", "log_softmax", "reduce_any",
-                          "reduce_all", "reduce_first", "nth_largest_element",
-                          "nth_smallest_element",
+                          "reduce_all",
                           "ReduceOperation"}  # Mesh TF's name: tests/compat
   assert exported and exported - tested == set()
 
 
-# --- reduce_first / nth_largest_element / nth_smallest_element ---------------
+# --- reduce_first / nth_largest_element / nth_smallest_element (topk.py) -----
 def test_reduce_first_and_nth_elements():
   """All three in one model, over vocab (split by the layouts): n counts
   from 0. Inputs have no ties."""
   x = harness.random_array([8, 4, 8], 6, low=-2.0, high=2.0)
 
   def model(mesh, t):
-    return {"first": reductions.reduce_first(t["x"], VOCAB),
-            "largest2": reductions.nth_largest_element(t["x"], 2, VOCAB),
-            "smallest1": reductions.nth_smallest_element(t["x"], 1, VOCAB)}
+    return {"first": topk.reduce_first(t["x"], VOCAB),
+            "largest2": topk.nth_largest_element(t["x"], 2, VOCAB),
+            "smallest1": topk.nth_smallest_element(t["x"], 1, VOCAB)}
 
   def ref(t):
     return {"first": t["x"][:, :, 0],
@@ -256,11 +256,11 @@ def test_reduce_first_and_nth_elements():
 def test_nth_element_errors():
   x = mtf.ones(mtf.Mesh(mtf.Graph(), "m"), X)
   with pytest.raises(ValueError, match=r"n=8 must be an integer in \[0, 8\)"):
-    reductions.nth_largest_element(x, 8, VOCAB)
+    topk.nth_largest_element(x, 8, VOCAB)
   with pytest.raises(ValueError, match="'depth' is not a dimension"):
-    reductions.nth_smallest_element(x, 0, "depth")
+    topk.nth_smallest_element(x, 0, "depth")
   with pytest.raises(ValueError, match="reduce_first: reduced_dim 'depth'"):
-    reductions.reduce_first(x, "depth")
+    topk.reduce_first(x, "depth")
 
 
 # --- uneven splits --------------------------------------------------------------

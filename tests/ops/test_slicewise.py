@@ -1,5 +1,5 @@
 """Mesh TF's generic per-slice ops (meshtf/ops/slicewise.py) and its
-Operation names and helpers (meshtf/ops/mesh_tf_names.py): layout-invariant
+Operation names and helpers (meshtf/compat/op_classes.py): layout-invariant
 forward and backward through the harness, unsplittable dims refused."""
 import numpy as np
 import pytest

@@ -12,7 +12,6 @@ import tensorflow as tf
 
 from meshtf import autodiff
 from meshtf import graph as graph_lib
-from meshtf.lowering import lowering as lowering_lib
 from meshtf.ops.control.subgraphs import _Parameters
 from meshtf.ops.control.subgraphs import _capture
 from meshtf.ops.control.subgraphs import _hoist_sources
@@ -166,7 +165,7 @@ class WhileLoopOperation(graph_lib.Operation):
     Only those are recorded."""
     if not self._grad_ops:
       return []
-    ops = set(lowering_lib.all_operations(lowering.graph.operations))
+    ops = set(graph_lib.all_operations(lowering.graph.operations))
     return sorted(set(i for g in self._grad_ops if g in ops
                       for i in g.state_used))
 

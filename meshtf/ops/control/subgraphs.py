@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 
 from meshtf import graph as graph_lib
-from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import pending as pending_lib
 
 
 # --- sub-graph helpers -------------------------------------------------------
@@ -113,7 +113,7 @@ def _accumulate(lowering, impl, tensor, acc_slices, pending_axes, key):
   (its mesh axes noted under `key`): the partial sums add up across
   iterations and are reduced once, after the loop."""
   raw = lowering.tensors.raw(tensor)
-  if isinstance(raw, lowering_lib.PendingSum) and not raw.materialized:
+  if isinstance(raw, pending_lib.PendingSum) and not raw.materialized:
     pending_axes[key] = raw.mesh_axes
     part = raw.laid_out
   else:
@@ -126,7 +126,7 @@ def _accumulate(lowering, impl, tensor, acc_slices, pending_axes, key):
 def _finish_sum(impl, slices, pending_axes, key):
   value = impl.LaidOutTensor(list(slices))
   if key in pending_axes:
-    value = lowering_lib.PendingSum(impl, value, pending_axes[key])
+    value = pending_lib.PendingSum(impl, value, pending_axes[key])
   return value
 
 

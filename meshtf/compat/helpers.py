@@ -24,11 +24,11 @@ from meshtf.layouts import layout_rules as layout_rules_lib
 from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.ops import elementwise
 from meshtf.ops import io
-from meshtf.ops import mesh_tf_names
+from meshtf.compat import op_classes
 from meshtf.ops import reductions
 
 
-class AddOperation(mesh_tf_names.BinaryOpWithBroadcasting):
+class AddOperation(op_classes.BinaryOpWithBroadcasting):
   """x1 + x2 broadcast by name to output_shape, with its gradient (each
   input's is dy summed to its shape).
 
@@ -48,7 +48,7 @@ class AddOperation(mesh_tf_names.BinaryOpWithBroadcasting):
             for x in self.inputs]
 
 
-class MinMaxOperation(mesh_tf_names.BinaryOpWithBroadcasting):
+class MinMaxOperation(op_classes.BinaryOpWithBroadcasting):
   """tf.minimum / tf.maximum broadcast by name; the gradient goes to every
   input equal to the result (both, on ties, as in Mesh TF).
 
@@ -137,9 +137,9 @@ def pnum_to_group(mesh_shape, group_dims, pnum):
     1
   """
   mesh_shape = shapes.convert_to_shape(mesh_shape)
-  coord = mesh_tf_names.pnum_to_processor_coordinates(mesh_shape, pnum)
+  coord = op_classes.pnum_to_processor_coordinates(mesh_shape, pnum)
   rest = [i for i in range(mesh_shape.ndims) if i not in group_dims]
-  return mesh_tf_names.processor_coordinates_to_pnum(
+  return op_classes.processor_coordinates_to_pnum(
       shapes.Shape([mesh_shape.dims[i] for i in rest]),
       [coord[i] for i in rest])
 
@@ -253,7 +253,7 @@ def conv2d_backprop_input(input_shape, conv_filter, dy, strides, padding,
   Example:
     >>> dx = mtf.conv2d_backprop_input(x.shape, w, dy, [1, 1, 1, 1], "SAME")
   """
-  return mesh_tf_names.Conv2or3dBackpropInputOperation(
+  return op_classes.Conv2or3dBackpropInputOperation(
       2, False, input_shape, conv_filter, dy, strides, padding,
       name=name).outputs[0]
 
@@ -265,7 +265,7 @@ def conv2d_backprop_filter(conv_input, filter_shape, dy, strides, padding,
   Example:
     >>> dw = mtf.conv2d_backprop_filter(x, w.shape, dy, [1, 1, 1, 1], "SAME")
   """
-  return mesh_tf_names.Conv2or3dBackpropFilterOperation(
+  return op_classes.Conv2or3dBackpropFilterOperation(
       2, False, conv_input, filter_shape, dy, strides, padding,
       name=name).outputs[0]
 
@@ -277,7 +277,7 @@ def conv3d_backprop_input(input_shape, conv_filter, dy, strides, padding,
   Example:
     >>> dx = mtf.conv3d_backprop_input(x.shape, w, dy, [1] * 5, "SAME")
   """
-  return mesh_tf_names.Conv2or3dBackpropInputOperation(
+  return op_classes.Conv2or3dBackpropInputOperation(
       3, False, input_shape, conv_filter, dy, strides, padding,
       name=name).outputs[0]
 
@@ -289,7 +289,7 @@ def conv3d_backprop_filter(conv_input, filter_shape, dy, strides, padding,
   Example:
     >>> dw = mtf.conv3d_backprop_filter(x, w.shape, dy, [1] * 5, "SAME")
   """
-  return mesh_tf_names.Conv2or3dBackpropFilterOperation(
+  return op_classes.Conv2or3dBackpropFilterOperation(
       3, False, conv_input, filter_shape, dy, strides, padding,
       name=name).outputs[0]
 
@@ -353,7 +353,7 @@ def import_laid_out_tensor(mesh, laid_out_tensor, shape, name=None):
   Example:
     >>> t = mtf.import_laid_out_tensor(mesh, laid_out, "batch:8;d:4")
   """
-  return mesh_tf_names.ImportLaidOutTensorOperation(
+  return op_classes.ImportLaidOutTensorOperation(
       mesh, laid_out_tensor, shapes.convert_to_shape(shape),
       name=name).outputs[0]
 

@@ -1,4 +1,4 @@
-"""meshtf/lowering/rings.py (Mesh TF's placement_mesh_impl ring
+"""meshtf/compat/rings.py (Mesh TF's placement_mesh_impl ring
 collectives): the numbers of numpy sums, maxima, concats and all-to-alls on
 1-8 virtual CPU devices, each result on its own device, and in a traced
 graph the ring versions read only their own or a neighbour's tensors."""
@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import DEVICES
-from meshtf import placement_mesh_impl as pmi
+from meshtf.compat import placement_mesh_impl as pmi
 
 
 def _inputs(n, shape, seed=0):

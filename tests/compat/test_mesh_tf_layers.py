@@ -1,4 +1,4 @@
-"""More of Mesh TF's mtf.layers names (meshtf/models/mesh_tf_layers.py):
+"""More of Mesh TF's mtf.layers names (meshtf/compat/layers_extra.py):
 layout-invariant values and gradients, matching TensorFlow's math where it
 has the same function."""
 import numpy as np
@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import harness
 import meshtf as mtf
-from meshtf.models import layers
+from meshtf.compat import layers
 
 LAYOUTS = [("all:8", "batch:all"), ("rows:2;cols:4", "batch:rows;d:cols")]
 

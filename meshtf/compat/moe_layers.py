@@ -30,14 +30,15 @@ refused in one line: run Mesh TF's own transformer/moe.py on meshtf's core
 for them (README: Porting from Mesh TensorFlow, way 2).
 
 Example:
-  >>> from meshtf.models import mesh_tf_moe
+  >>> from meshtf.compat import moe_layers
   >>> stack = transformer.LayerStack(
   ...     [transformer_layers.SelfAttention(num_heads=4),
-  ...      mesh_tf_moe.MoE1D(num_experts=8, hidden_size=256)])
+  ...      moe_layers.MoE1D(num_experts=8, hidden_size=256)])
 """
 import tensorflow as tf
 
 import meshtf as mtf
+from meshtf.compat import layers_extra
 from meshtf.models import layers
 from meshtf.models import moe as moe_lib
 from meshtf.models import transformer_layers as tl
@@ -320,7 +321,7 @@ def switch_gating(inputs, outer_expert_dims, experts_dim, expert_capacity_dim,
                                                   "moe_switch_dropout"),
                               name=name + "/input_dropout")
   elif train and policy == "input_jitter":
-    gate_inputs = layers.multiplicative_jitter(
+    gate_inputs = layers_extra.multiplicative_jitter(
         gate_inputs, _hp(hparams, "moe_switch_jitter"),
         name=name + "/input_jitter")
   logits = _router_logits(gate_inputs, experts_dim, outer_expert_dims,

@@ -1,6 +1,7 @@
 """Mesh TensorFlow's blocked local and memory-compressed attention layers.
 
-`mtf.layers` re-exports these under Mesh TF 0.1.21's names and arguments:
+meshtf/compat/layers.py (Mesh TF's `mtf.layers`) offers these under Mesh TF
+0.1.21's names and arguments:
 attention within spatial blocks of an image-like tensor (1-d and 2-d), the
 halo exchanges that give each block its neighbours' keys and values, one
 decoding step of masked local attention, and memory-compressed attention.
@@ -11,7 +12,7 @@ The spatial-block layers attend to the zeros a halo brings in past the
 image's edges, as Mesh TF's do (its docstrings promise nothing else).
 
 Example:
-  >>> from meshtf.models import layers
+  >>> from meshtf.compat import layers
   >>> # x: [batch, num_w_blocks, w, io]; each block also sees the previous one
   >>> y = layers.local_self_attention_spatial_blocks(
   ...     x, kv_channels, heads, is_training=True, mask_right=True)
@@ -19,6 +20,7 @@ Example:
 import tensorflow as tf
 
 import meshtf as mtf
+from meshtf.compat import layers_extra
 
 
 def _layers():
@@ -131,7 +133,7 @@ def local_self_attention_spatial_blocks(
   k = mtf.einsum([memory, wk], kv_shape)
   v = mtf.einsum([memory, wv], kv_shape)
   k, v = local_1d_halo_exchange(k, v, num_w_blocks, memory_w_dim, mask_right)
-  mask = (layers.attention_bias_local_block(x.mesh, w_dim, memory_w_dim)
+  mask = (layers_extra.attention_bias_local_block(x.mesh, w_dim, memory_w_dim)
           if mask_right else None)
   o = layers.dot_product_attention(q, k, v, mask, is_training=is_training)
   return mtf.einsum([o, wo], mtf.Shape([batch, num_w_blocks, w_dim,
@@ -233,7 +235,7 @@ def multihead_self_attention_memory_compressed(
   wq, wk, wv, wo = _attention_vars(x.mesh, heads, io_channels, kv_channels,
                                    master_dtype, slice_dtype, x.dtype, name,
                                    "compressed_attention")
-  memory = layers.compress_mean(x, length, compression_factor)
+  memory = layers_extra.compress_mean(x, length, compression_factor)
   memory = layers.rename_length_to_memory_length(memory, length.name)
   memory_length = memory.shape.dims[-2]
   q = mtf.einsum([x, wq], mtf.Shape(batch_dims + [heads, length,

@@ -17,7 +17,7 @@ Example:
 """
 import tensorflow as tf
 
-from meshtf.ops import mesh_tf_helpers
+from meshtf.compat import helpers
 
 # allreduce_ring splits tensors of at least this many elements into one
 # chunk per device (Mesh TF's threshold); smaller ones go whole.
@@ -49,7 +49,7 @@ def allreduce_ring_single_shard(xs, devices, reduction_fn_string="SUM"):
   """
   xs = _check("allreduce_ring_single_shard", xs, devices)
   n = len(xs)
-  combine = mesh_tf_helpers.binary_reduction_fn(reduction_fn_string)
+  combine = helpers.binary_reduction_fn(reduction_fn_string)
   if n == 1:
     return xs
   mid = (n - 1) // 2          # the last device of the left half
@@ -91,7 +91,7 @@ def allreduce_ring(xs, devices, reduction_fn_string="SUM"):
   size = shape.num_elements() if shape.is_fully_defined() else None
   if size is None or size < _MIN_ELEMENTS_TO_SPLIT or size % n:
     return allreduce_ring_single_shard(xs, devices, reduction_fn_string)
-  combine = mesh_tf_helpers.binary_reduction_fn(reduction_fn_string)
+  combine = helpers.binary_reduction_fn(reduction_fn_string)
   # chunks[i][k]: chunk k of device i's tensor, on device i.
   chunks = [_on(devices[i], lambda x: tf.split(tf.reshape(x, [-1]), n),
                 xs[i]) for i in range(n)]

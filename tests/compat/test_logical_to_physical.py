@@ -1,12 +1,12 @@
-"""meshtf/lowering/logical_to_physical.py: Mesh TF's HierarchicalTiling and
+"""meshtf/compat/logical_to_physical.py: Mesh TF's HierarchicalTiling and
 auto_logical_to_physical_tpu give permutations with the tiles asked for;
 physical_shape_3d_from_topology_proto_4d folds a TPU topology's 4-d mesh."""
 from absl import flags
 import numpy as np
 import pytest
 
-from meshtf import simd_mesh_impl
-from meshtf.lowering import logical_to_physical as l2p
+from meshtf.compat import logical_to_physical as l2p
+from meshtf.compat import simd_mesh_impl
 
 
 def test_last_axis_is_the_innermost_tile():

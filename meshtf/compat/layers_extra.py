@@ -1,79 +1,20 @@
 """More of Mesh TensorFlow's `mtf.layers` names: noise, losses, compression.
 
-layers.py re-exports these, so `mtf.layers.multiplicative_jitter` works as
-in Mesh TF 0.1.21. Like the rest of mtf.layers, each is a composition of
+meshtf/compat/layers.py composes these with meshtf's layers into Mesh TF's
+`mtf.layers`, so `mtf.layers.multiplicative_jitter` works as in Mesh TF
+0.1.21. Like the rest of mtf.layers, each is a composition of
 meshtf ops, so any layout works; the random ones draw from meshtf's
 layout-invariant RNG (the same numbers on every mesh and layout).
 
 Example:
-  >>> from meshtf.models import layers
+  >>> from meshtf.compat import layers
   >>> x = layers.multiplicative_jitter(x, epsilon=1e-2)   # x * U(0.99, 1.01)
 """
 import tensorflow as tf
 
 import meshtf as mtf
+from meshtf.models.conventions import unit_scaling_convention
 from meshtf.ops import control
-
-
-class DenseInitializer(object):
-  """An initializer layers.dense calls with (reduced_dims, new_dims) to get
-  the kernel's initializer (Mesh TF's protocol: fans from named dims, not
-  from dim positions).
-
-  Example:
-    >>> class Ones(DenseInitializer):
-    ...   def __call__(self, reduced_dims, new_dims):
-    ...     return mtf.ones_initializer()
-    >>> y = layers.dense(x, d_ff, kernel_initializer=Ones())
-  """
-
-  def __call__(self, reduced_dims, new_dims):
-    raise NotImplementedError("a DenseInitializer defines __call__("
-                              "reduced_dims, new_dims)")
-
-
-class VarianceScalingInitializer(DenseInitializer):
-  """Mesh TF's dense initializer (its default): stddev sqrt(scale / n), n
-  the product of the reduced dims' sizes (fan_in), of the new dims'
-  (fan_out) or their mean (fan_avg), or 1 under the unit-scaling
-  convention (fan_in only). distribution "normal" draws a normal of that
-  stddev truncated at two stddevs (tf.truncated_normal_initializer's
-  sense: the drawn values' spread is ~0.88 of it), "uniform" draws from
-  [-limit, limit], limit = stddev * sqrt(3).
-
-  Example:
-    >>> init = VarianceScalingInitializer(scale=2.0, mode="fan_avg")
-    >>> y = layers.dense(x, d_ff, kernel_initializer=init)
-  """
-
-  def __init__(self, scale=1.0, mode="fan_in", distribution="normal"):
-    self.scale = scale
-    self.mode = mode.lower()
-    self.distribution = distribution.lower()
-    if self.mode not in ("fan_in", "fan_out", "fan_avg"):
-      raise ValueError("VarianceScalingInitializer mode %r: use fan_in, "
-                       "fan_out or fan_avg" % (mode,))
-    if self.distribution not in ("normal", "uniform"):
-      raise ValueError("VarianceScalingInitializer distribution %r: use "
-                       "normal or uniform" % (distribution,))
-
-  def __call__(self, reduced_dims, new_dims):
-    fan_in = mtf.list_product(d.size for d in reduced_dims)
-    fan_out = mtf.list_product(d.size for d in new_dims)
-    scale = self.scale
-    if unit_scaling_convention():
-      if self.mode != "fan_in":
-        raise ValueError("VarianceScalingInitializer mode %r: the unit-"
-                         "scaling convention works with fan_in only"
-                         % (self.mode,))
-    else:
-      scale /= max(1.0, {"fan_in": fan_in, "fan_out": fan_out,
-                         "fan_avg": (fan_in + fan_out) / 2.0}[self.mode])
-    stddev = scale ** 0.5
-    if self.distribution == "normal":
-      return mtf.truncated_normal_initializer(stddev=stddev)
-    limit = stddev * 3.0 ** 0.5
-    return mtf.random_uniform_initializer(minval=-limit, maxval=limit)
 
 
 def multiplicative_jitter(x, epsilon=1e-2, name=None):
@@ -177,23 +118,6 @@ def annealed_dropout(x, is_training, start_step, end_step, init_rate=None,
   if x.dtype.is_floating:
     keep /= keep_prob
   return x * keep
-
-
-_UNIT_SCALING = [False]
-
-
-def unit_scaling_convention(value=None):
-  """Whether the unit-scaling convention is on (us_einsum then divides by
-  the square root of the contracted size); value=True / False sets it.
-  (Mesh TF set it with gin; meshtf's gin-free setter is this argument.)
-
-  Example:
-    >>> unit_scaling_convention(True); unit_scaling_convention()
-    True
-  """
-  if value is not None:
-    _UNIT_SCALING[0] = bool(value)
-  return _UNIT_SCALING[0]
 
 
 def us_einsum(xs, *args, **kwargs):
@@ -384,10 +308,8 @@ def reversible_half_residual_and_swap(x1, x1_backwards, x2, x2_backwards, f,
                              [x1, x1_backwards, x2, x2_backwards])
 
 
-__all__ = ["DenseInitializer", "VarianceScalingInitializer",
-           "multiplicative_jitter", "sigmoid_cross_entropy_with_logits",
+__all__ = ["multiplicative_jitter", "sigmoid_cross_entropy_with_logits",
            "compress_mean", "attention_bias_local_block", "annealed_dropout",
-           "unit_scaling_convention",
            "us_einsum", "summary_for_clip_activation_gradient",
            "clip_activation_gradient", "multihead_attention_params",
            "multihead_self_attention_incremental",

@@ -1,10 +1,10 @@
-"""meshtf/utils.py: Mesh TF's utils helpers (BalancedVariablePlacer is
+"""meshtf/compat/utils.py: Mesh TF's utils helpers (BalancedVariablePlacer is
 checked by Mesh TF's own utils_test, tests/compat)."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from meshtf import utils
+from meshtf.compat import utils
 
 
 def _topology(mesh_shape):

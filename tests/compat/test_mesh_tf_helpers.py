@@ -1,4 +1,4 @@
-"""More of Mesh TF's ops.py names (meshtf/ops/mesh_tf_helpers.py):
+"""More of Mesh TF's ops.py names (meshtf/compat/helpers.py):
 AddOperation / MinMaxOperation broadcast with their gradients on every
 layout; the conv backprop functions equal meshtf's own conv gradients; the
 small utilities give Mesh TF's results."""

@@ -1,4 +1,4 @@
-"""Mesh TensorFlow's MoE1D / MoE2D in meshtf (meshtf/models/mesh_tf_moe.py).
+"""Mesh TensorFlow's MoE1D / MoE2D in meshtf (meshtf/compat/moe_layers.py).
 
 - A language model with a MoE1D block (top-2, random second policy, expert
   dropout) and a MoE2D block (hierarchical) gives the single-device loss
@@ -15,8 +15,8 @@ import tensorflow as tf
 
 import harness
 import meshtf as mtf
-from meshtf.models import mesh_tf_moe
-from meshtf.models import moe
+from meshtf.compat import moe
+from meshtf.compat import moe_layers as mesh_tf_moe
 from meshtf.models import transformer
 
 B, L, V = 8, 8, 16

@@ -1,4 +1,15 @@
-"""Run Mesh TensorFlow code on meshtf: `mesh_tensorflow` as an alias.
+"""The Mesh TensorFlow surface of meshtf, a wing of its own: Mesh TF's op
+classes and helpers (op_classes.py, helpers.py, composed as ops.py), its
+layers (layers.py = meshtf's layers + layers_extra.py + local_attention.py),
+its MoE1D / MoE2D (moe_layers.py; moe.py composes the module path), its
+module paths (placement_mesh_impl, simd_mesh_impl with rings.py and
+logical_to_physical.py, utils, tpu_variables, test_utils), and `install()`.
+
+The wing imports meshtf's core; the core never imports the wing. The
+package face (meshtf/__init__.py) is the one place the two meet, so
+`import meshtf as mtf` offers every Mesh TF name.
+
+Run Mesh TensorFlow code on meshtf: `mesh_tensorflow` as an alias.
 
 Two ways to port Mesh TensorFlow (0.1.21) code:
 
@@ -35,20 +46,20 @@ import types
 _CORE = {
     "ops": "meshtf",
     "ops_with_redefined_builtins": "meshtf",
-    "placement_mesh_impl": "meshtf.placement_mesh_impl",
-    "simd_mesh_impl": "meshtf.simd_mesh_impl",
-    "utils": "meshtf.utils",
-    "tpu_variables": "meshtf.tpu_variables",
-    "test_utils": "meshtf.test_utils",
+    "placement_mesh_impl": "meshtf.compat.placement_mesh_impl",
+    "simd_mesh_impl": "meshtf.compat.simd_mesh_impl",
+    "utils": "meshtf.compat.utils",
+    "tpu_variables": "meshtf.compat.tpu_variables",
+    "test_utils": "meshtf.compat.test_utils",
 }
 # Mesh TF's library modules meshtf re-implements: meshtf's in way 1 only.
 _LIBRARY = {
-    "layers": "meshtf.models.layers",
+    "layers": "meshtf.compat.layers",
     "optimize": "meshtf.models.optimize",
     "beam_search": "meshtf.models.decoding",
     "transformer.transformer": "meshtf.models.transformer",
-    "transformer.transformer_layers": "meshtf.models.transformer_layers",
-    "transformer.moe": "meshtf.models.moe",
+    "transformer.transformer_layers": "meshtf.compat.transformer_layers",
+    "transformer.moe": "meshtf.compat.moe",
 }
 _PACKAGE = "mesh_tensorflow"
 _installed_mode = None
@@ -86,10 +97,10 @@ def _mesh_tf_ops_module(name, meshtf, path=None):
   LayoutRules and MeshImpl are Mesh TF's (rules naming a mesh axis the mesh
   lacks are inactive, as in Mesh TF; meshtf's own MeshLayout refuses them).
   mtf.convert_to_layout_rules is Mesh TF's in the facade already."""
-  from meshtf.ops import mesh_tf_helpers  # pylint: disable=g-import-not-at-top
+  from meshtf.compat import helpers  # pylint: disable=g-import-not-at-top
   module = _namespace_module(name, meshtf, path)
-  module.LayoutRules = mesh_tf_helpers.LayoutRules
-  module.MeshImpl = mesh_tf_helpers.MeshImpl
+  module.LayoutRules = helpers.LayoutRules
+  module.MeshImpl = helpers.MeshImpl
   return module
 
 
@@ -171,6 +182,7 @@ def install(library=False):
         "library from the installed package, which is not installed: pip "
         "install --no-deps mesh-tensorflow==0.1.21 gin-config")
   import meshtf  # pylint: disable=g-import-not-at-top
+  meshtf._load_face()  # the lazy face, whole: its namespace is copied below
   _stub_tf1_estimator()
 
   aliases = dict(_CORE)

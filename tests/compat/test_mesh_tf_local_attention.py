@@ -1,5 +1,5 @@
 """Mesh TF's blocked local and memory-compressed attention
-(meshtf/models/mesh_tf_local_attention.py): layout-invariant values and
+(meshtf/compat/local_attention.py): layout-invariant values and
 gradients with the blocks dims split (halo exchanges across processors),
 and the masks checked against a direct computation."""
 import numpy as np
@@ -7,7 +7,7 @@ import tensorflow as tf
 
 import harness
 import meshtf as mtf
-from meshtf.models import layers
+from meshtf.compat import layers
 
 HEADS, KV = mtf.Dimension("heads", 2), mtf.Dimension("kv", 3)
 

@@ -8,12 +8,12 @@ Example:
   [('batch', 'batch')]
 """
 from meshtf.lowering import placement as _placement
-from meshtf.ops.mesh_tf_helpers import mesh_tf_layout_rules
-from meshtf.lowering.rings import allconcat_ring  # noqa: F401
-from meshtf.lowering.rings import allreduce_ring  # noqa: F401
-from meshtf.lowering.rings import allreduce_ring_single_shard  # noqa: F401
-from meshtf.lowering.rings import alltoall_pointtwise  # noqa: F401
-from meshtf.lowering.rings import alltoall_ring  # noqa: F401
+from meshtf.compat.helpers import mesh_tf_layout_rules
+from meshtf.compat.rings import allconcat_ring  # noqa: F401
+from meshtf.compat.rings import allreduce_ring  # noqa: F401
+from meshtf.compat.rings import allreduce_ring_single_shard  # noqa: F401
+from meshtf.compat.rings import alltoall_pointtwise  # noqa: F401
+from meshtf.compat.rings import alltoall_ring  # noqa: F401
 
 
 class PlacementMeshImpl(_placement.PlacementMeshImpl):

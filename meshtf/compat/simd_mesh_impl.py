@@ -6,11 +6,11 @@ Example:
   >>> impl.layout_rules.pairs
   [('batch', 'batch')]
 """
-from meshtf.lowering.logical_to_physical import HierarchicalTiling  # noqa: F401
-from meshtf.lowering.logical_to_physical import auto_logical_to_physical_tpu  # noqa: F401
-from meshtf.lowering.logical_to_physical import physical_shape_3d_from_topology_proto_4d  # noqa: F401,E501
+from meshtf.compat.logical_to_physical import HierarchicalTiling  # noqa: F401
+from meshtf.compat.logical_to_physical import auto_logical_to_physical_tpu  # noqa: F401
+from meshtf.compat.logical_to_physical import physical_shape_3d_from_topology_proto_4d  # noqa: F401,E501
 from meshtf.lowering import simd as _simd
-from meshtf.ops.mesh_tf_helpers import mesh_tf_layout_rules
+from meshtf.compat.helpers import mesh_tf_layout_rules
 
 
 class SimdMeshImpl(_simd.SimdMeshImpl):
