@@ -38,7 +38,7 @@ MODEL_TYPES = ("lm", "bitransformer")
 BACKENDS = ("placement", "simd")
 ACTIVATION_DTYPES = ("float32", "bfloat16")
 # meshtf/models/remat.py's POLICIES (named here: this module loads no TF).
-REMAT_POLICIES = ("none", "full", "einsum_outputs")
+REMAT_POLICIES = ("none", "full", "einsum_outputs", "weight_einsum_outputs")
 JIT_COMPILE = ("", "segments", "program")
 COMMUNICATION_HINTS = ("", "auto", "ring", "nccl")
 OPTIMIZERS = ("adam", "adafactor", "sgd", "momentum")
@@ -87,7 +87,11 @@ def default_config():
   #                              (meshtf/models/remat.py): none | full (its
   #                              input; recomputed in the backward pass) |
   #                              einsum_outputs (recompute the elementwise
-  #                              ops and softmaxes only)
+  #                              ops and softmaxes only) |
+  #                              weight_einsum_outputs (keep the einsums of
+  #                              an activation with a weight; recompute
+  #                              attention scores/context, MoE dispatch/
+  #                              combine and the elementwise ops)
 
   # --- Mixture of Experts (GShard) ------------------------------------------
   c.moe = ml_collections.ConfigDict()
