@@ -10,8 +10,9 @@ Rows (GSPMD = Xu et al. 2021, GShard = Lepikhin et al. 2020):
     t2t_configs/gspmd_pipeline.py);
   GSPMD Table 6: the sparse MoE language model, 32 to 2048 experts, one
     expert per core (t2t_configs/gspmd_moe.py);
-  the Table 4 and 6 rows again without rematerialization (remat "none"),
-    to show what it buys;
+  the Table 4 rows again without rematerialization (remat "none"), to
+    show what it buys, and the Table 6 rows under the other policies
+    (none, einsum_outputs, full), with the flops each adds to none's;
   GShard Figure 7 / Table 1: MoE(512E, 36L) and MoE(2048E, 36L), which
     "fit in 16 GB" there (36L with rematerialization).
 
@@ -19,12 +20,17 @@ Per row, one JSON object: the config (file:row and any overrides), the
 paper's peak (GB = 1e9 bytes; null where the paper gives only "< 16 GB"),
 the plan's parameters, optimizer state, activations kept for the backward
 pass and peak per device (GB), whether the peak fits 16 GiB, the ratio to
-the paper's peak, the graph's op count and the seconds to build and plan.
+the paper's peak, the flops per device (GSPMD Table 6: also the paper's,
+its FLOPS utilization x step x 61.5 TFLOP/s -- the profiler's count,
+recomputation included, GSPMD 5.2 -- and, where the run has the row's
+remat "none" plan, the flops the policy adds to it), the graph's op count
+and the seconds to build and plan.
 
 Usage: python bench/paper_memory.py [--rows=table2_64B_16x32,...]
     [--out=FILE]   (also writes the JSON lines to FILE)
 """
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -47,22 +53,31 @@ ROWS = [
     ("table2_64B_16x32", 13.3, "gspmd_dense.py", "table2_64B_16x32", {}),
     ("table2_64B_32x64", 15.56, "gspmd_dense.py", "table2_64B_32x64", {}),
     ("table2_1T_32x64", 15.8, "gspmd_dense.py", "table2_1T_32x64", {}),
-    ("table4_16x64", 11.5, "gspmd_pipeline.py", "4x16x4_16x64", {}),
-    ("table4_32x32", 13.1, "gspmd_pipeline.py", "4x16x4_32x32", {}),
-    ("table6_32E", 10.8, "gspmd_moe.py", "10B_32E", {}),
-    ("table6_128E", 11.2, "gspmd_moe.py", "37B_128E", {}),
-    ("table6_512E", 11.2, "gspmd_moe.py", "145B_512E", {}),
-    ("table6_2048E", 11.6, "gspmd_moe.py", "577B_2048E", {}),
-    # What the configs' rematerialization buys (the papers' settings but
-    # remat "none").
+    # Table 4 (remat full inside the re-run stage) after what its
+    # rematerialization buys: the paper's settings but remat "none" (the
+    # model's flops, to which the recompute adds).
     ("table4_16x64_remat_none", 11.5, "gspmd_pipeline.py", "4x16x4_16x64",
      {"remat": "none"}),
+    ("table4_16x64", 11.5, "gspmd_pipeline.py", "4x16x4_16x64", {}),
     ("table4_32x32_remat_none", 13.1, "gspmd_pipeline.py", "4x16x4_32x32",
      {"remat": "none"}),
-    ("table6_32E_remat_none", 10.8, "gspmd_moe.py", "10B_32E",
-     {"remat": "none"}),
-    ("table6_2048E_remat_none", 11.6, "gspmd_moe.py", "577B_2048E",
-     {"remat": "none"}),
+    ("table4_32x32", 13.1, "gspmd_pipeline.py", "4x16x4_32x32", {}),
+] + [
+    # Table 6 (gspmd_moe.py; the config's remat is weight_einsum_outputs)
+    # and the row under the other policies as context: none first, whose
+    # flops (the model's) the others' recompute adds to.
+    spec for row, experts, peak in (
+        ("10B_32E", 32, 10.8), ("37B_128E", 128, 11.2),
+        ("145B_512E", 512, 11.2), ("577B_2048E", 2048, 11.6))
+    for spec in [
+        ("table6_%dE_remat_none" % experts, peak, "gspmd_moe.py", row,
+         {"remat": "none"}),
+        ("table6_%dE" % experts, peak, "gspmd_moe.py", row, {}),
+        ("table6_%dE_remat_einsum_outputs" % experts, peak, "gspmd_moe.py",
+         row, {"remat": "einsum_outputs"}),
+        ("table6_%dE_remat_full" % experts, peak, "gspmd_moe.py", row,
+         {"remat": "full"})]
+] + [
     ("gshard_512E_36L", None, "gshard_moe.py", "table1_512E_36L", {}),
     ("gshard_2048E_36L", None, "gshard_moe.py", "table1_2048E_36L", {}),
 ]
@@ -77,6 +92,20 @@ def load(config_file, row, overrides):
       target = target[p]
     target[parts[-1]] = value
   return c
+
+
+def paper_flops(config_file, row, peak_flops):
+  """The paper's flops per device where its table gives FLOPS utilization
+  and step time (GSPMD Table 6: gspmd_moe.PAPER): utilization x step x
+  the core's peak (the hardware model's, with its source), else None."""
+  if config_file != "gspmd_moe.py":
+    return None
+  spec = importlib.util.spec_from_file_location(
+      "gspmd_moe", os.path.join(CONFIGS, config_file))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  _, step, _, _, util = module.PAPER[row]
+  return util * step * peak_flops
 
 
 def plan_row(name, paper_gb, config_file, row, overrides):
@@ -106,6 +135,8 @@ def plan_row(name, paper_gb, config_file, row, overrides):
       "ratio_to_paper": (round(mem["peak"] / 1e9 / paper_gb, 3)
                          if paper_gb else None),
       "flops_per_device": report.accounting.flops,
+      "paper_flops_per_device": paper_flops(config_file, row,
+                                            report.hardware.peak_flops),
       "graph_ops": len(graph.operations),
       "build_s": round(t1 - t0, 2), "plan_s": round(t2 - t1, 2),
       "machine": platform.machine(), "cpus": os.cpu_count()}
@@ -127,10 +158,20 @@ def main():
       rows = [tuple(r) for r in json.load(f)]
   chosen = [r for r in args.rows.split(",") if r]
   out = open(args.out, "w") if args.out else None
+  model_flops = {}   # (config, row) -> remat none's flops
   for spec in rows:
     if chosen and spec[0] not in chosen:
       continue
-    line = json.dumps(plan_row(*spec))
+    result = plan_row(*spec)
+    if result["remat"] == "none":
+      model_flops[result["config"]] = result["flops_per_device"]
+    none = model_flops.get(result["config"])
+    result["flops_vs_remat_none"] = (
+        round(result["flops_per_device"] / none, 4) if none else None)
+    if result["paper_flops_per_device"]:
+      result["flops_vs_paper"] = round(
+          result["flops_per_device"] / result["paper_flops_per_device"], 4)
+    line = json.dumps(result)
     print(line, flush=True)
     if out:
       out.write(line + "\n")

@@ -306,7 +306,7 @@ def main():
   parser.add_argument(
       "--remat", default="none",
       help="comma-separated rematerialization policies to run each layout "
-      "with (none, full, einsum_outputs)")
+      "with (none, full, einsum_outputs, weight_einsum_outputs)")
   parser.add_argument(
       "--one_op_at_a_time", action="store_true",
       help="memory only: each config on a 1-device mesh with one inter-op "

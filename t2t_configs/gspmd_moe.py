@@ -28,19 +28,28 @@ paper: 58.2%). Top-2 gating with capacity 2S/E per group of S = 1024
 tokens (GShard's; capacity 1 at 2,048 experts), 16-bit activations and
 Adafactor, as GSPMD's dense models.
 
-The paper states no rematerialization for these rows, and its FLOPS
-utilization implies the model's flops without recomputed einsums (within
-3% at 32 experts, tests/plan/test_papers.py). Planned without any
-(remat "none") they do not fit 16 GB: 18.3 GB per core at 32 experts,
-20.1 GB at 2,048 -- each layer's attention probabilities (3.2 GB), the
-MoE layers' float32 dispatch and combine tensors and expert activations,
-the bfloat16 copies of the weights the backward pass reads. As XLA's
-rematerialization would, these rows recompute the cheap parts: each
-layer keeps its einsums' outputs and recomputes the elementwise ops,
-norms and softmaxes (remat "einsum_outputs", +1.5% flops): 13.8 GB
-(14.6 GB at 2,048 experts). Recomputing each layer from its input
-(remat "full", as GShard does for its 36- and 60-layer models) would
-plan 8.1 GB (8.5 GB) for 28% more flops.
+The paper states no rematerialization policy for these rows; its
+compiler's rematerialization "will automatically recompute part of the
+activations" (GShard 5.1). Planned without any (remat "none") they do not
+fit 16 GB: 18.3 GB per core at 32 experts, 20.1 GB at 2,048 -- each
+layer's attention probabilities (3.2 GB), the MoE layers'
+dispatch and combine tensors and expert activations, the bfloat16 copies
+of the weights the backward pass reads. These rows keep the outputs of
+the einsums that contract an activation with a weight and recompute the
+rest -- attention's scores and context, MoE dispatch and combine, the
+elementwise ops, norms and softmaxes (remat "weight_einsum_outputs", the
+rule of JAX's dots_with_no_batch_dims_saveable; meshtf/models/remat.py):
+9.8 GB at 32 experts, 10.5 GB at 2,048 (0.88-0.91x the paper's peaks) for
+3.5% more flops. Those flops are 1.049x what the paper's FLOPS
+utilization implies at 32 experts (the profiler's count, which includes
+recomputation, GSPMD 5.2; the model's without recomputation: 1.012x);
+over the four rows, whose work per device is nearly the same, the model's
+flops are 0.85-1.15x the implied ones, so the utilization does not pin
+the policy down. Keeping every einsum's output (remat "einsum_outputs", +0.1%
+flops) plans 13.8-14.6 GB (1.24-1.28x); recomputing each layer from its
+input (remat "full", as GShard does for its 36- and 60-layer models)
+8.1-8.5 GB for 26% more flops (bench/results/
+cpu2_paper_memory_2026-11-27.jsonl, one run of bench/paper_memory.py).
 
 Symbolic use only (32 to 2,048 devices): --mode=plan.
 """
@@ -75,7 +84,7 @@ def get_config(row="577B_2048E"):
   c.batch_size = 4 * experts
   c.dropout_rate = 0.0
   c.activation_dtype = "bfloat16"
-  c.remat = "einsum_outputs"        # see the docstring
+  c.remat = "weight_einsum_outputs"   # see the docstring
   c.moe.num_experts = experts
   c.moe.layers = "odd"
   c.moe.hidden_size = 6144

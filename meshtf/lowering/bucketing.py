@@ -119,8 +119,7 @@ class Bucketer(object):
 
   def _eligible(self, t, raw):
     if (not isinstance(raw, self._pending_type) or raw.materialized
-        or id(raw) in self._queued or not self._readers.get(t)
-        or not hasattr(raw.mesh_impl, "allreduce_bucket")):
+        or id(raw) in self._queued or not self._readers.get(t)):
       return False
     own = self._lowering.layout_of(t).tensor_layout(t.shape)
     return all(self._lowering.op_layout(r).tensor_layout(t.shape) == own

@@ -61,7 +61,7 @@ class MeshFunction(object):
             jit_compile, "MeshFunction"),
         grappler=grappler_lib.check_grappler(grappler, "MeshFunction"))
     if (any(v is not None for v in self._program_options.values()) and
-        not hasattr(mesh_impl, "program_options")):
+        not mesh_impl.is_spmd):
       raise ValueError(
           "MeshFunction: communication_hint / jit_compile / grappler are "
           "options of the SPMD backend, but the mesh impl is a %s: use "
@@ -84,7 +84,7 @@ class MeshFunction(object):
     mesh = graph_lib.Mesh(graph, self._mesh_name)
     outputs = self._build_fn(mesh, *tf_inputs)
     options = (self._mesh_impl.program_options(**self._program_options)
-               if hasattr(self._mesh_impl, "program_options")
+               if self._mesh_impl.is_spmd
                else contextlib.nullcontext())
     with options:
       lowering = lowering_lib.Lowering(graph, {mesh: self._mesh_impl},
@@ -104,7 +104,7 @@ class MeshFunction(object):
   def _call_options(self):
     """The impl's call options (its Grappler mode) under this function's
     program options."""
-    if not hasattr(self._mesh_impl, "program_options"):
+    if not self._mesh_impl.is_spmd:
       return contextlib.nullcontext()
     with self._mesh_impl.program_options(**self._program_options) as impl:
       return grappler_lib.call_options(impl.grappler)

@@ -125,7 +125,8 @@ class MeshImpl(object):
 
   LaidOutTensor = LaidOutTensor
   # One per-device program (SimdMeshImpl, TpuMeshImpl) or one TF tensor per
-  # processor (PlacementMeshImpl).
+  # processor (PlacementMeshImpl). The SPMD impls also take program options
+  # (SimdMeshImpl.program_options: MeshFunction asks is_spmd, not hasattr).
   is_spmd = False
 
   def __init__(self, shape, layout=None, devices=None, layout_rules=None):

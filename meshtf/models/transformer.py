@@ -67,8 +67,9 @@ class LayerStack(tl.TransformerLayer):
   a "stage" dim (GSPMD 3.3; see meshtf/models/pipeline.py), or None.
   remat: what each residual block keeps for the backward pass while
   training (meshtf/models/remat.py): "none", "full" (its input; the block
-  recomputed in its gradient) or "einsum_outputs"; a layer's own `remat`
-  attribute, if set, overrides it for that layer.
+  recomputed in its gradient), "einsum_outputs" or
+  "weight_einsum_outputs"; a layer's own `remat` attribute, if set,
+  overrides it for that layer.
 
   Example:
     >>> stack = LayerStack([SelfAttention(8, 64), DenseReluDense(2048)] * 6,
@@ -595,7 +596,7 @@ def make_layer_stack(num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
   default) runs the blocks in order; otherwise they run as a pipeline
   (meshtf/models/pipeline.py) with the same numbers. remat: what each block
   keeps for the backward pass (meshtf/models/remat.py: "none", "full",
-  "einsum_outputs").
+  "einsum_outputs", "weight_einsum_outputs").
 
   Example:
     >>> stack = make_layer_stack(2, num_heads=4, d_kv=16, d_ff=64,

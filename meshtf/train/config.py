@@ -27,12 +27,18 @@ import os
 import ml_collections
 
 from meshtf.train import preflight
+# Re-exported: users catch config_lib.ConfigError and read
+# config_lib.moe_layer_indices. Both live below this module so that the
+# model's wiring (experiment.py) reads them without importing the schema,
+# and imports in train/ go one way: config -> experiment -> preflight.
+from meshtf.train.errors import ConfigError
+from meshtf.train.preflight import moe_layer_indices
 
 MODEL_TYPES = ("lm", "bitransformer")
 BACKENDS = ("placement", "simd")
 ACTIVATION_DTYPES = ("float32", "bfloat16")
 # meshtf/models/remat.py's POLICIES (named here: this module loads no TF).
-REMAT_POLICIES = ("none", "full", "einsum_outputs")
+REMAT_POLICIES = ("none", "full", "einsum_outputs", "weight_einsum_outputs")
 JIT_COMPILE = ("", "segments", "program")
 COMMUNICATION_HINTS = ("", "auto", "ring", "nccl")
 OPTIMIZERS = ("adam", "adafactor", "sgd", "momentum")
@@ -41,18 +47,6 @@ GATINGS = ("top_2", "switch")
 MODES = ("train", "eval", "decode", "export", "plan", "sweep")
 DECODE_METHODS = ("cached", "recompute")
 DECODE_STRATEGIES = ("greedy", "sample", "beam")
-
-
-class ConfigError(ValueError):
-  """A bad config or flag. str(e) is one line per problem, each with a fix.
-
-  Attributes:
-    problems: the list of one-line problem descriptions.
-  """
-
-  def __init__(self, problems):
-    self.problems = list(problems)
-    super().__init__("\n".join(self.problems))
 
 
 def default_config():
@@ -93,7 +87,11 @@ def default_config():
   #                              (meshtf/models/remat.py): none | full (its
   #                              input; recomputed in the backward pass) |
   #                              einsum_outputs (recompute the elementwise
-  #                              ops and softmaxes only)
+  #                              ops and softmaxes only) |
+  #                              weight_einsum_outputs (keep the einsums of
+  #                              an activation with a weight; recompute
+  #                              attention scores/context, MoE dispatch/
+  #                              combine and the elementwise ops)
 
   # --- Mixture of Experts (GShard) ------------------------------------------
   c.moe = ml_collections.ConfigDict()
@@ -286,38 +284,6 @@ def _flat_keys(schema, prefix=""):
     else:
       out.append(prefix + key)
   return out
-
-
-def moe_layer_indices(config, num_layers):
-  """Indices of the feed-forward layers that are MoE layers in a stack of
-  num_layers (empty without experts).
-
-  Example:
-    >>> c = default_config(); c.moe.layers = "odd"
-    >>> moe_layer_indices(c, 4)
-    [1, 3]
-  """
-  if not config.moe.num_experts:
-    return []
-  spec = str(config.moe.layers).strip()
-  if spec == "all":
-    return list(range(num_layers))
-  if spec == "odd":
-    return list(range(1, num_layers, 2))
-  if spec == "even":
-    return list(range(0, num_layers, 2))
-  try:
-    indices = sorted({int(s) for s in spec.split(",") if s.strip()})
-  except ValueError:
-    raise ConfigError(["moe.layers=%r is not 'odd', 'even', 'all' or comma-"
-                       "separated layer indices: set --config.moe.layers=odd"
-                       % spec])
-  bad = [i for i in indices if not 0 <= i < num_layers]
-  if bad:
-    raise ConfigError(["moe.layers=%r names layers %s, but the stack has "
-                       "layers 0..%d: set --config.moe.layers to indices below"
-                       " %d" % (spec, bad, num_layers - 1, num_layers)])
-  return indices
 
 
 def validate(config, check_layout=True, check_data=True, flag_names=None):
@@ -656,6 +622,10 @@ def checked_training_graph(config, mesh_layout_=None):
     >>> graph, graph_layout, problem = checked_training_graph(config)
   """
   from meshtf import layouts
+  # Here, not at the top: experiment loads TensorFlow, and the schema and
+  # validate(check_layout=False) run before TensorFlow starts. experiment
+  # imports nothing of this module (its MoE layer indices come from
+  # preflight), so the import goes one way.
   from meshtf.train import experiment
   layout = mesh_layout_ or mesh_layout(config)
   try:

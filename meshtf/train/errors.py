@@ -22,6 +22,24 @@ EXIT_USAGE = 2
 EXIT_DIVERGED = 1
 
 
+class ConfigError(ValueError):
+  """A bad config or flag. str(e) is one line per problem, each with a fix;
+  exit code 2. Raised by the preflight (meshtf/train/config.py's validate,
+  preflight.py) before TensorFlow starts; meshtf.train.config re-exports it.
+
+  Attributes:
+    problems: the list of one-line problem descriptions.
+
+  Example:
+    >>> raise ConfigError(["optimizer='adma' is unknown: use "
+    ...                    "--config.optimizer=adam"])
+  """
+
+  def __init__(self, problems):
+    self.problems = list(problems)
+    super().__init__("\n".join(self.problems))
+
+
 class UsageError(ValueError):
   """Bad input found at run time (model_dir, data, checkpoint): one line,
   exit code 2."""
@@ -55,5 +73,5 @@ def is_disk_full(error):
       "No space left on device" in text or "Disk quota exceeded" in text)
 
 
-__all__ = ["UsageError", "DivergedError", "DiskFullError", "is_disk_full",
+__all__ = ["ConfigError", "UsageError", "DivergedError", "DiskFullError", "is_disk_full",
            "EXIT_USAGE", "EXIT_DIVERGED"]

@@ -24,8 +24,8 @@ from meshtf.models import layers
 from meshtf.models import moe as moe_lib
 from meshtf.models import optimize
 from meshtf.models import transformer
-from meshtf.train import config as config_lib
 from meshtf.train import data as data_lib
+from meshtf.train import preflight
 
 # The scalar MoE metrics the binary logs (means over the MoE layers).
 MOE_METRICS = ("moe_aux_loss", "moe_dropped", "moe_load_max",
@@ -93,7 +93,7 @@ def moe_feedforward_layer_fn(config, sink=None, mesh_layout=None):
   hparams = moe_params(config)
 
   def fn(i, num_layers):
-    if i in config_lib.moe_layer_indices(config, num_layers):
+    if i in preflight.moe_layer_indices(config, num_layers):
       return moe_lib.MoeFeedForward(hparams, sink, mesh_layout=mesh_layout)
     return None
   return fn

@@ -22,6 +22,8 @@ Example:
 import math
 import os
 
+from meshtf.train.errors import ConfigError
+
 # Held-out batches one eval (eval_steps) or one decode (decode_batches) may
 # read. Each is a forward step of the whole model; 10,000 is 640,000
 # examples of the default experiment, more than any eval here needs, and an
@@ -263,6 +265,42 @@ def range_problems(config, given=None, flag=None):
   return out
 
 
+# --- MoE layers ---------------------------------------------------------------
+def moe_layer_indices(config, num_layers):
+  """Indices of the feed-forward layers that are MoE layers in a stack of
+  num_layers (empty without experts): config.moe.layers parsed and checked.
+  The config's validation checks the field with it before TensorFlow
+  starts, and the model's wiring (experiment.moe_feedforward_layer_fn)
+  places the MoE layers with it. Raises ConfigError naming the fix.
+
+  Example:
+    >>> c = config_lib.default_config(); c.moe.layers = "odd"
+    >>> moe_layer_indices(c, 4)
+    [1, 3]
+  """
+  if not config.moe.num_experts:
+    return []
+  spec = str(config.moe.layers).strip()
+  if spec == "all":
+    return list(range(num_layers))
+  if spec == "odd":
+    return list(range(1, num_layers, 2))
+  if spec == "even":
+    return list(range(0, num_layers, 2))
+  try:
+    indices = sorted({int(s) for s in spec.split(",") if s.strip()})
+  except ValueError:
+    raise ConfigError(["moe.layers=%r is not 'odd', 'even', 'all' or comma-"
+                       "separated layer indices: set --config.moe.layers=odd"
+                       % spec])
+  bad = [i for i in indices if not 0 <= i < num_layers]
+  if bad:
+    raise ConfigError(["moe.layers=%r names layers %s, but the stack has "
+                       "layers 0..%d: set --config.moe.layers to indices below"
+                       " %d" % (spec, bad, num_layers - 1, num_layers)])
+  return indices
+
+
 # --- memory -------------------------------------------------------------------
 def host_memory_bytes():
   """This machine's memory as a process may use it: the physical memory,
@@ -372,5 +410,6 @@ def memory_problem(config, mesh_layout, graph, mode, devices_here,
 
 
 __all__ = ["RANGES", "Allowed", "range_problems", "all_numbers",
+           "moe_layer_indices",
            "host_memory_bytes", "memory_estimate", "memory_problem",
            "MAX_EVAL_BATCHES", "MAX_LAYERS", "MAX_DECAY_PER_STEP"]

@@ -361,7 +361,12 @@ REMAT_LINES = {
             "recomputes the layer)",
     "einsum_outputs": "remat: einsum_outputs (each layer keeps its input "
                       "and einsums' outputs; the backward pass recomputes "
-                      "the rest)"}
+                      "the rest)",
+    "weight_einsum_outputs": "remat: weight_einsum_outputs (each layer "
+                             "keeps its input and the outputs of its "
+                             "einsums with a weight; the backward pass "
+                             "recomputes the rest, attention scores and "
+                             "MoE dispatch/combine included)"}
 
 
 def pipeline_line(config):

@@ -25,6 +25,17 @@ def test_the_hint_is_nccl_only_when_every_device_is_a_gpu():
       "auto"
 
 
+def test_the_spmd_impls_are_the_ones_with_program_options():
+  # MeshFunction asks impl.is_spmd before it enters program_options.
+  from meshtf.lowering import mesh_impl, placement, simd, tpu
+  for cls in (mesh_impl.MeshImpl, placement.PlacementMeshImpl,
+              simd.SimdMeshImpl, tpu.TpuMeshImpl):
+    assert cls.is_spmd == hasattr(cls, "program_options"), cls
+  impl = mtf.PlacementMeshImpl("all:2", "batch:all", harness.DEVICES[:2])
+  with pytest.raises(ValueError, match="options of the SPMD backend"):
+    mtf.MeshFunction(lambda mesh: None, impl, jit_compile="segments")
+
+
 def test_which_collectives_xla_can_compile_in_a_whole_program():
   assert sc.xla_program_refusal("allreduce", "SUM", True, GPUS) is None
   assert "on CPU devices" in sc.xla_program_refusal("allreduce", "SUM", True,

@@ -1,6 +1,6 @@
 """Rematerialization as a model choice (meshtf/models/remat.py): the
-Transformer LM, the MoE LM and a pipelined LM with remat="full" or
-"einsum_outputs".
+Transformer LM, the MoE LM and a pipelined LM with remat="full",
+"einsum_outputs" or "weight_einsum_outputs".
 
 1. Exact: on one device a remat model gives the plain model's loss,
    logits and gradients bit for bit (the recomputation re-runs the same
@@ -9,10 +9,12 @@ Transformer LM, the MoE LM and a pipelined LM with remat="full" or
 2. Where it runs: the recomputation is in the backward pass of the
    graph -- copies of the block's ops after backward_start, each waiting
    for the block's output gradient -- and, under "einsum_outputs", the
-   einsums are not recomputed.
+   einsums are not recomputed; under "weight_einsum_outputs" the einsums
+   of an activation with a weight are not, those between two activations
+   (attention scores and context, MoE dispatch and combine) are.
 3. What the plan sees: the activations kept fall none > einsum_outputs >
-   full, the flops rise by the recomputed forward ops' flops, the kept
-   tensors under "full" are the blocks' inputs.
+   weight_einsum_outputs > full, the flops rise by the recomputed forward
+   ops' flops, the kept tensors under "full" are the blocks' inputs.
 4. The config field reaches the binary's model; a bad policy is one line.
 """
 import numpy as np
@@ -25,9 +27,11 @@ from meshtf.lowering import lowering as lowering_lib
 from meshtf.models import moe
 from meshtf.models import remat
 from meshtf.models import transformer
+from meshtf.ops import einsum as einsum_lib
 from meshtf.plan import accounting
 from meshtf.train import config as config_lib
 from meshtf.train import experiment
+from meshtf.train import training_loop
 
 B, L, V = 8, 8, 16
 HPARAMS = moe.MoeParams(moe_num_experts=4, moe_group_size=8,
@@ -67,8 +71,15 @@ CASES = {
                    "batch:rows;heads:cols;d_ff:cols;vocab:cols"),
     "dense_einsum_outputs": ("dense", "einsum_outputs", "rows:2;cols:2",
                              "batch:rows;heads:cols;d_ff:cols"),
+    "dense_weight_einsum_outputs": ("dense", "weight_einsum_outputs",
+                                    "rows:2;cols:2",
+                                    "batch:cols;heads:rows;d_ff:rows"),
     "moe_full": ("moe", "full", "rows:2;cols:2",
                  "batch:cols;group:cols;experts:cols;d_ff:rows;heads:rows"),
+    "moe_weight_einsum_outputs": ("moe", "weight_einsum_outputs",
+                                  "rows:2;cols:2",
+                                  "batch:rows;group:rows;experts:rows;"
+                                  "expert_hidden:cols;heads:cols"),
     "pipeline_full": ("pipeline", "full", "pipe:2;data:2",
                       "stage:pipe;batch:data"),
 }
@@ -94,8 +105,38 @@ def test_remat_is_exact_and_layout_invariant(case):
       graph.operations[graph.backward_start:])
             if type(op).__name__ == "DependOperation"]
   assert copies, "the recomputation waits for the output gradients"
+  if policy == "weight_einsum_outputs":
+    kept, recomputed = _einsum_copies(graph)
+    # Kept: the projections to queries, keys and values, the feed-forward's
+    # (MoE: the router's and the experts') first einsum; recomputed: the
+    # attention scores and context (MoE: dispatch and combine).
+    assert {"heads", "memory_length", "length"} <= set().union(
+        *[t.shape.dimension_names for t in recomputed])
+    assert not [t for t in kept if "memory_length" in
+                t.shape.dimension_names and "length" in
+                t.shape.dimension_names]
+    assert [t for t in kept if "d_kv" in t.shape.dimension_names]
+    if kind == "moe":
+      assert [t for t in kept if "expert_hidden" in t.shape.dimension_names]
+      assert [t for t in recomputed
+              if "expert_capacity" in t.shape.dimension_names]
   if kind == "moe":
     assert float(plain.outputs["extra_loss"]) > 0
+
+
+def _einsum_copies(graph):
+  """(outputs of the kept einsums' copies, outputs of the recomputed
+  einsums' copies) in the backward pass (a copy keeps its original's
+  name)."""
+  forward = {op.name for op in graph.operations[:graph.backward_start]}
+  kept, recomputed = [], []
+  for op in lowering_lib.all_operations(
+      graph.operations[graph.backward_start:]):
+    if op.name not in forward or not isinstance(op, einsum_lib.EinsumOperation):
+      continue
+    kept_copy = type(op).__name__.startswith("Kept")
+    (kept if kept_copy else recomputed).append(op.outputs[0])
+  return kept, recomputed
 
 
 def _plan_memory(policy, kind="dense"):
@@ -122,9 +163,20 @@ def _plan_memory(policy, kind="dense"):
 def test_the_plan_sees_what_remat_keeps_and_recomputes(kind):
   none, kept_none, _ = _plan_memory("none", kind)
   dots, kept_dots, _ = _plan_memory("einsum_outputs", kind)
+  weights, _, weights_graph = _plan_memory("weight_einsum_outputs", kind)
   full, kept_full, graph = _plan_memory("full", kind)
-  saved = [a.memory["activations_saved"] for a in (none, dots, full)]
-  assert saved[0] > saved[1] > saved[2], saved
+  saved = [a.memory["activations_saved"] for a in (none, dots, weights,
+                                                   full)]
+  assert saved[0] > saved[1] > saved[2] > saved[3], saved
+  # Keeping the weight einsums' outputs recomputes the others once: the
+  # extra einsum flops are exactly the recomputed copies' flops.
+  _, recomputed = _einsum_copies(weights_graph)
+  recomputed_ops = {t.operation for t in recomputed}
+  assert recomputed_ops
+  assert (weights.flops_by_family["einsum"] -
+          none.flops_by_family["einsum"] ==
+          sum(c.flops for c in weights.costs if c.op in recomputed_ops))
+  assert full.flops > weights.flops > dots.flops
   assert none.memory["peak"] > full.memory["peak"]
   # Full remat recomputes every block's forward ops once: the extra flops
   # are exactly the flops of the recomputed copies (einsums included);
@@ -161,6 +213,12 @@ def test_config_field_and_bad_policies():
   with pytest.raises(config_lib.ConfigError, match="remat='most' is unknown"):
     config_lib.validate(c, check_data=False)
   assert config_lib.REMAT_POLICIES == remat.POLICIES
+  # The binary's header names every policy but none.
+  assert set(training_loop.REMAT_LINES) == set(remat.POLICIES) - {"none"}
+  c.remat = "weight_einsum_outputs"
+  config_lib.validate(c, check_data=False)
+  assert experiment.build_model(
+      c, experiment.MoeMetrics()).layer_stack.remat == c.remat
   with pytest.raises(ValueError, match="remat='some' is not one of"):
     transformer.make_layer_stack(2, remat="some")
   assert transformer.make_layer_stack(2, remat=True).remat == "full"
@@ -174,7 +232,7 @@ def test_the_plan_estimates_the_traced_collectives(kind):
   import collections
   _, layout = CASES[kind + "_full"][2:]
   mesh_layout = mtf.MeshLayout(CASES[kind + "_full"][2], layout)
-  for policy in ("full", "einsum_outputs"):
+  for policy in ("full", "einsum_outputs", "weight_einsum_outputs"):
     graph = mtf.Graph()
     mesh = mtf.Mesh(graph, "m")
     targets = mtf.import_tf_tensor(mesh, tf.constant(TARGETS),

@@ -33,6 +33,18 @@ class _Parameters(graph_lib.Operation):
                      "is never lowered on its own" % self.name)
 
 
+def is_bound_value(op):
+  """Whether op stands for values the op owning its sub-graph binds while
+  lowering (a while loop's state and iteration counter, a cotangent):
+  such a value has no producer in the graph (meshtf/models/remat.py asks).
+
+  Example:
+    >>> is_bound_value(body_state_tensor.operation)
+    True
+  """
+  return isinstance(op, _Parameters)
+
+
 def _capture(graph, fn):
   """(fn(), the operations fn added), the latter removed from the graph."""
   n = len(graph.operations)
