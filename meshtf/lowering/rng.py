@@ -14,7 +14,9 @@ Example:
   >>> bool(tf.reduce_all(full[2:, 3:] == part))
   True
 """
+import contextlib
 import math
+import threading
 import zlib
 
 import numpy as np
@@ -83,11 +85,97 @@ def global_flat_index(slice_begin, slice_shape, full_shape):
 
 
 def random_bits(key, slice_begin, slice_shape, full_shape):
-  """Two uint32 tensors of random bits for the elements of one slice."""
+  """Two uint32 tensors of random bits for the elements of one slice
+  (through one XLA kernel inside compiled_bits(), the same bits)."""
   index = global_flat_index(slice_begin, slice_shape, full_shape)
+  if _compiles(slice_shape):
+    return _compiled_bits(key, index, slice_shape)
+  return _threefry_of_index(key, index)
+
+
+def _threefry_of_index(key, index):
   lo = tf.cast(tf.bitwise.bitwise_and(index, 0xFFFFFFFF), tf.uint32)
   hi = tf.cast(tf.bitwise.right_shift(index, 32), tf.uint32)
   return threefry2x32(key, lo, hi)
+
+
+# --- Threefry as one XLA kernel (variable initializers) --------------------
+# TensorFlow runs Threefry's ~120 integer ops one kernel each, every one a
+# pass over the slice in memory: 0.75 s for 8.2M elements (a T5-small
+# embedding's slice) here, where XLA's one fused loop takes 0.046 s after a
+# ~0.3 s compile (measured, 2 cores at load 7). Integer ops are exact, so
+# the bits are the same; the float part (uniform / erfinv) stays in
+# TensorFlow's kernels, bit for bit as before. Compiled once per bucket
+# (flat sizes rounded up to a power of two), so a model's many shapes share
+# a few kernels; slices below COMPILED_MIN_ELEMENTS cost less than a
+# compile and stay in TensorFlow.
+COMPILED_MIN_ELEMENTS = 1 << 16
+_STATE = threading.local()
+_COMPILED_FUNCTIONS = {}   # bucket size -> tf.function(jit_compile=True)
+
+
+@contextlib.contextmanager
+def compiled_bits(enabled=True):
+  """Within it, random_bits of slices of at least COMPILED_MIN_ELEMENTS
+  elements run as one XLA kernel (where TensorFlow has XLA): the same bits,
+  ~15x faster on CPU. Read when a function is traced, so a tf.function
+  traced inside keeps the choice. Variable initializers use it (a one-off
+  host computation); per-step randomness (dropout) does not, so the step's
+  program is unchanged.
+
+  Example:
+    >>> with compiled_bits():
+    ...   u = uniform_slice(op_key(0, "w"), tf.constant([0], tf.int64),
+    ...                     [1 << 16], [1 << 16])
+  """
+  before = getattr(_STATE, "enabled", False)
+  _STATE.enabled = enabled
+  try:
+    yield
+  finally:
+    _STATE.enabled = before
+
+
+def _compiles(slice_shape):
+  return (getattr(_STATE, "enabled", False) and _xla_available()
+          and int(np.prod(slice_shape)) >= COMPILED_MIN_ELEMENTS)
+
+
+_XLA = []
+
+
+def _xla_available():
+  if not _XLA:
+    _XLA.append(bool(tf.test.is_built_with_xla()))
+  return _XLA[0]
+
+
+class _Threefry(object):
+  """(key words, flat int64 indices) -> the two uint32 words of each: one
+  object per bucket size (TF's retracing warning counts one function's
+  traces together)."""
+
+  def __call__(self, words, index):
+    return _threefry_of_index((words[0], words[1]), index)
+
+
+def _compiled_bits(key, index, slice_shape):
+  n = int(np.prod(slice_shape))
+  bucket = 1 << (n - 1).bit_length()
+  if bucket not in _COMPILED_FUNCTIONS:
+    _COMPILED_FUNCTIONS[bucket] = tf.function(_Threefry(), autograph=False,
+                                              jit_compile=True)
+  if isinstance(key[0], tf.Tensor):
+    words = tf.stack([tf.cast(key[0], tf.uint32), tf.cast(key[1], tf.uint32)])
+  else:
+    words = tf.constant(np.array(key, np.uint32))
+  flat = tf.reshape(index, [-1])
+  if bucket > n:
+    flat = tf.pad(flat, [[0, bucket - n]])
+  x0, x1 = _COMPILED_FUNCTIONS[bucket](words, flat)
+  if bucket > n:
+    x0, x1 = x0[:n], x1[:n]
+  return tf.reshape(x0, slice_shape), tf.reshape(x1, slice_shape)
 
 
 # The largest float32 below 1.

@@ -90,16 +90,19 @@ def traced_slice_fn(initializer, key, full_shape, dtype):
     return fill
 
   def fn(begin, slice_shape):
-    if params is None:
-      return initializer.slice_value(key, begin, slice_shape, full_shape,
-                                     dtype)
-    cache = (params, tuple(slice_shape), tuple(full_shape), dtype)
-    if cache not in _TRACED:
-      _TRACED[cache] = tf.function(
-          _SliceValue(initializer, slice_shape, full_shape, dtype),
-          autograph=False)
-    # Made here, in the caller's (eager) init scope, not while tracing.
-    return _TRACED[cache](tf.constant(np.array(key, np.uint32)), begin)
+    # Threefry's bits as one XLA kernel (rng.compiled_bits: the same bits,
+    # ~15x faster on CPU), read when the function below is traced.
+    with rng.compiled_bits():
+      if params is None:
+        return initializer.slice_value(key, begin, slice_shape, full_shape,
+                                       dtype)
+      cache = (params, tuple(slice_shape), tuple(full_shape), dtype)
+      if cache not in _TRACED:
+        _TRACED[cache] = tf.function(
+            _SliceValue(initializer, slice_shape, full_shape, dtype),
+            autograph=False)
+      # Made here, in the caller's (eager) init scope, not while tracing.
+      return _TRACED[cache](tf.constant(np.array(key, np.uint32)), begin)
   fn.traced = params is not None
   return fn
 

@@ -121,3 +121,40 @@ def test_the_shared_slice_function_gives_the_same_bits(distribution, fn,
                             tf.float32)(key, begin) is not None
   assert len([k for k in rng._SHARED_FUNCTIONS if k[:5] == ("slice",
       distribution, params, (2, 8), (4, 16))]) == 1
+
+
+@pytest.mark.parametrize("fn", [rng.uniform_slice, rng.normal_slice])
+@pytest.mark.parametrize("begin,size,full", [
+    ([0, 0], [16, 8], [16, 8]),            # a power of two: no padding
+    ([3, 5], [9, 11], [20, 30]),           # padded up to the bucket
+    ([2 ** 20, 0], [4, 2 ** 13], [2 ** 21, 2 ** 13])])   # index >= 2^32
+def test_compiled_bits_are_the_same_bits(monkeypatch, fn, begin, size, full):
+  """Inside compiled_bits() Threefry runs as one XLA kernel (variable
+  initializers): the same values bit for bit as TensorFlow's kernels, for
+  bucket-padded sizes and indices with high bits too."""
+  monkeypatch.setattr(rng, "COMPILED_MIN_ELEMENTS", 64)
+  key = rng.op_key(3, "name")
+  b = tf.constant(begin, tf.int64)
+  reference = fn(key, b, size, full).numpy()
+  with rng.compiled_bits():
+    compiled = fn(key, b, size, full).numpy()
+    assert rng._compiles(size) == tf.test.is_built_with_xla()
+  np.testing.assert_array_equal(compiled.view(np.uint32),
+                                reference.view(np.uint32))
+  # Traced with the key words as tensors (as the initializers' functions).
+  traced = tf.function(lambda words, b: fn((words[0], words[1]), b, size,
+                                           full), autograph=False)
+  with rng.compiled_bits():
+    value = traced(rng.key_words(key), b).numpy()
+  np.testing.assert_array_equal(value.view(np.uint32),
+                                reference.view(np.uint32))
+
+
+def test_compiled_bits_only_inside_the_context():
+  assert not rng._compiles([1 << 20])
+  with rng.compiled_bits():
+    assert rng._compiles([1 << 20]) == tf.test.is_built_with_xla()
+    assert not rng._compiles([rng.COMPILED_MIN_ELEMENTS - 1])
+    with rng.compiled_bits(False):
+      assert not rng._compiles([1 << 20])
+  assert not rng._compiles([1 << 20])

@@ -383,3 +383,34 @@ def test_one_function_per_shape_is_not_reported_as_retracing():
   finally:
     tf.get_logger().removeHandler(handler)
   assert not [r for r in records if "retracing" in r], records
+
+
+@pytest.mark.parametrize("initializer", [
+    initializers.RandomUniformInitializer(-0.3, 0.7),
+    initializers.VarianceScalingInitializer(2.0, "fan_in"),
+    initializers.RandomNormalInitializer(0.5, 2.0)])
+def test_initial_values_unchanged_by_the_compiled_bits(initializer):
+  """A slice of 65,536 elements (rng.COMPILED_MIN_ELEMENTS): the
+  initializers' traced functions draw Threefry's bits in one XLA kernel;
+  the values are those of the same function traced with TensorFlow's
+  kernels (outside rng.compiled_bits, as before the change) bit for bit,
+  and the uniform's are the numbers the code before the change gave
+  (sha256 of the slice's bytes)."""
+  from meshtf.lowering import rng
+  key = rng.op_key(7, "big")
+  begin = tf.constant([256, 0], tf.int64)
+  fn = initializers.traced_slice_fn(initializer, key, [512, 256], tf.float32)
+  value = fn(begin, [256, 256]).numpy()
+  # pylint: disable=protected-access
+  before = tf.function(initializers._SliceValue(
+      initializer, [256, 256], [512, 256], tf.float32), autograph=False)
+  with rng.compiled_bits(False):
+    reference = before(rng.key_words(key), begin).numpy()
+  np.testing.assert_array_equal(value.view(np.uint32),
+                                reference.view(np.uint32))
+  if isinstance(initializer, initializers.RandomUniformInitializer):
+    import hashlib
+    assert hashlib.sha256(value.tobytes()).hexdigest()[:16] == (
+        "36519e0e24aa9fc4")
+    np.testing.assert_array_equal(value[0, :3], np.float32(
+        [-0.04956302046775818, -0.2157461941242218, 0.07433781027793884]))
