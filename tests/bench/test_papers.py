@@ -7,12 +7,17 @@ from conftest import load_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The run before the sharding completion (labels "before": the model at
-# f8fd043, "after": the interconnect, fusion and overlap models) and the
-# run on main with it (label "completion").
+# f8fd043, "after": the interconnect, fusion and overlap models), the run
+# with it (label "completion") and the run with rematerialization, the
+# papers' capacity and the pipeline loop (label "main_c9f9918").
 BEFORE = ROOT / "bench" / "results" / "cpu2_papers_2026-11-27.jsonl"
-RESULTS = ROOT / "bench" / "results" / "cpu2_papers_completion_2026-11-27.jsonl"
+COMPLETION = (ROOT / "bench" / "results" /
+              "cpu2_papers_completion_2026-11-27.jsonl")
+RESULTS = ROOT / "bench" / "results" / "cpu2_papers_remat_2026-11-27.jsonl"
+LABEL = "main_c9f9918"
 COMPARE = ("before=f8fd043", "after=without completion",
-           "completion=with completion")
+           "completion=with completion",
+           "main_c9f9918=with remat and the pipeline loop")
 
 
 def _block(text, name):
@@ -22,17 +27,17 @@ def _block(text, name):
 
 def test_readme_tables_are_the_saved_runs():
   bench = load_file("bench/papers.py", "papers")
-  lines = bench.read_runs("%s,%s" % (BEFORE, RESULTS))
+  lines = bench.read_runs("%s,%s,%s" % (BEFORE, COMPLETION, RESULTS))
   readme = (ROOT / "docs" / "papers.md").read_text()
-  now = [r for r in lines if r.get("label") == "completion"]
+  now = [r for r in lines if r.get("label") == LABEL]
   assert _block(readme, "papers") == bench.markdown_table(now)
   assert _block(readme, "papers-compare") == bench.compare_table(
       lines, *COMPARE)
   # The commands the guide shows print them.
-  assert ("--table=bench/results/%s --label=completion" % RESULTS.name
+  assert ("--table=bench/results/%s --label=%s" % (RESULTS.name, LABEL)
           in readme)
-  assert ("--table=bench/results/%s,bench/results/%s" % (
-      BEFORE.name, RESULTS.name) in readme)
+  assert ("--table=bench/results/%s,bench/results/%s,bench/results/%s" % (
+      BEFORE.name, COMPLETION.name, RESULTS.name) in readme)
   assert '--compare="%s"' % ",".join(COMPARE) in readme
 
 
