@@ -17,6 +17,8 @@ Transformer LM, the MoE LM and a pipelined LM with remat="full",
    ops' flops, the kept tensors under "full" are the blocks' inputs.
 4. The config field reaches the binary's model; a bad policy is one line.
 """
+import collections
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -190,6 +192,12 @@ def test_the_plan_sees_what_remat_keeps_and_recomputes(kind):
   assert copies
   assert (full.flops_by_family["einsum"] - none.flops_by_family["einsum"]
           == sum(c.flops for c in copies))
+  # Each forward op is recomputed once: the norms' and softmaxes' custom
+  # gradients inside a block read the block's recomputed copies, they do
+  # not re-create their forward ops a second time.
+  times = collections.Counter(op.name for op in backward
+                              if op.name in forward)
+  assert times and max(times.values()) == 1, times.most_common(3)
   assert dots.flops_by_family["einsum"] == none.flops_by_family["einsum"]
   # Under "full" each of the 8 blocks keeps its input, the [batch, length,
   # d_model] residual stream; outside the blocks the final norm keeps its

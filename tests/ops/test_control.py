@@ -320,6 +320,54 @@ def test_recompute_grad_recomputes_and_matches(monkeypatch):
   assert not [op.name for op in after if set(op.inputs) & inner]
 
 
+def test_recompute_grad_runs_a_nested_custom_gradient_forward_once(
+    monkeypatch):
+  """A custom gradient inside a recomputed block (a norm's or softmax's,
+  whose gradient reads its outputs): the block's recomputation copies the
+  custom gradient's forward ops once, and its gradient reads those copies
+  -- it does not re-create them a second time."""
+  lowered = []
+  original = elementwise.UnaryOperation.lower
+
+  def counting_lower(op, lowering):
+    lowered.append(op._kind)  # pylint: disable=protected-access
+    return original(op, lowering)
+  monkeypatch.setattr(elementwise.UnaryOperation, "lower", counting_lower)
+
+  def tanh_grad_fn(explicit_inputs, all_inputs, forward_operations, outputs,
+                   output_grads):
+    del explicit_inputs, forward_operations
+    y = outputs[0]
+    return [output_grads[0] * (1.0 - y * y)] + [None] * (len(all_inputs) - 1)
+
+  def model(recompute):
+    def fn(mesh, t):
+      def block(x):
+        h = mtf.einsum([x, t["w"]], output_shape=[BATCH, H2])
+        # The product's gradient reads the recomputed tanh.
+        return control.custom_gradient(mtf.tanh, tanh_grad_fn, [h]) * h
+      return {"z": control.recompute_grad(block, [t["x"]]) if recompute
+              else block(t["x"])}
+    return fn
+  runs = {}
+  for recompute in (False, True):
+    del lowered[:]
+    runs[recompute] = harness.run_model(model(recompute), GRAD_INPUTS,
+                                        "all:8", "hidden:all", wrt=["x", "w"])
+    runs[recompute].tanh_count = lowered.count("tanh")
+  plain, again = runs[False], runs[True]
+  np.testing.assert_allclose(again.outputs["z"], plain.outputs["z"])
+  for n in ("x", "w"):
+    np.testing.assert_allclose(again.grads[n], plain.grads[n], rtol=1e-6)
+  # The forward's tanh, and one recomputed copy (not two).
+  assert (plain.tanh_count, again.tanh_count) == (1, 2)
+  ops = again.graph.operations
+  tanh_copies = [op for op in ops[again.graph.backward_start:]
+                 if isinstance(op, elementwise.UnaryOperation) and
+                 op._kind == "tanh"]  # pylint: disable=protected-access
+  assert len(tanh_copies) == 1
+
+
 def test_custom_gradient_errors():
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "m")

@@ -79,12 +79,28 @@ class CustomGradientOperation(graph_lib.Operation):
               "would bypass grad_fn. Return it from the function instead"
               % (self.name, t.name, op.name))
 
+  def _adopt_copies(self, copies):
+    """Makes this op (a copy clone_operations just made) own the copies
+    of its forward operations that the same cloning made, {original op:
+    copy}, when every one was copied: its gradient then reads those
+    copies' outputs instead of re-creating the forward ops a second time
+    (recompute_grad of an enclosing function would otherwise run a norm's
+    or a softmax's forward twice in the backward pass: once for the
+    recomputed block's values, once more for this op's gradient)."""
+    computed = [op for op in self._forward_operations if not _is_source(op)]
+    if not all(op in copies for op in computed):
+      return
+    self._forward_operations = [copies.get(op, op)
+                                for op in self._forward_operations]
+    self._created_inputs = list(self._inputs)
+    self._grad_made = set()
+
   def gradient(self, grad_ys):
     if self._check_internals:
       self._check_internals_unused()
     forward_operations, outputs = self._forward_operations, self.fn_outputs
     if self._inputs != self._created_inputs:
-      # A copy (recompute_grad of an enclosing function): grad_fn gets the
+      # A copy whose forward ops were not copied with it: grad_fn gets the
       # forward ops re-created on this copy's inputs.
       forward_operations, mapping = clone_operations(
           forward_operations,
@@ -173,6 +189,7 @@ def clone_operations(ops, input_mapping, kept_values=None):
   mapping = dict(input_mapping)
   kept_values = kept_values or {}
   graph, new_ops = None, []
+  copies = {}   # original op -> its copy
   for op in ops:
     if _is_source(op):
       continue
@@ -185,6 +202,12 @@ def clone_operations(ops, input_mapping, kept_values=None):
       new._inputs = operands
     if isinstance(new, WhileLoopOperation):
       new._grad_ops = []
+    elif isinstance(new, CustomGradientOperation) and not isinstance(
+        new, _KeptMixin):
+      # A custom gradient copied with its function's ops (they come
+      # before it): its gradient reads those copies.
+      new._adopt_copies(copies)
+    copies[op] = new
     new._outputs = [graph_lib.Tensor(new, t.shape, t.dtype, index=i)
                     for i, t in enumerate(op.outputs)]
     for t, c in zip(op.outputs, new.outputs):
