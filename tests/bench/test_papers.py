@@ -9,15 +9,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The run before the sharding completion (labels "before": the model at
 # f8fd043, "after": the interconnect, fusion and overlap models), the run
 # with it (label "completion") and the run with rematerialization, the
-# papers' capacity and the pipeline loop (label "main_c9f9918").
+# papers' capacity and the pipeline loop (label "main_2b23abb").
 BEFORE = ROOT / "bench" / "results" / "cpu2_papers_2026-11-27.jsonl"
 COMPLETION = (ROOT / "bench" / "results" /
               "cpu2_papers_completion_2026-11-27.jsonl")
-RESULTS = ROOT / "bench" / "results" / "cpu2_papers_remat_2026-11-27.jsonl"
-LABEL = "main_c9f9918"
+RESULTS = ROOT / "bench" / "results" / "cpu2_papers_main_2b23abb_2026-11-27.jsonl"
+LABEL = "main_2b23abb"
 COMPARE = ("before=f8fd043", "after=without completion",
            "completion=with completion",
-           "main_c9f9918=with remat and the pipeline loop")
+           "main_2b23abb=with remat and the pipeline loop")
 
 
 def _block(text, name):

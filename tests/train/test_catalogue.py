@@ -487,7 +487,11 @@ def test_mesh_shapes_and_layouts_parse_or_say_why(mesh_shape, layout):
 _KEYS = config_lib._flat_keys(config_lib.default_config())
 
 
-@settings(max_examples=25, deadline=None,
+# derandomize: the same 25 draws on every run. A random draw of
+# num_layers up to the allowed 10,000 builds that deep a model before the
+# empty model_dir is found (2,000 layers: 30 s), which under a loaded
+# machine's 600 s test timeout made hypothesis shrink for an hour.
+@settings(max_examples=25, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(overrides=st.lists(st.tuples(st.sampled_from(_KEYS), st.one_of(
     _TEXT, st.integers(-10, 10**6).map(str), st.sampled_from(
