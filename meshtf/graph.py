@@ -31,6 +31,9 @@ class Graph(object):
     self.operations = []
     self.trainable_variables = []
     self.all_variables = []
+    # The first Variable of each name: get_variable's reuse lookup (a scan
+    # of all_variables per call made deep models quadratic to build).
+    self.variables_by_name = {}
     self.seed = seed
     # Index in operations of the first backward op (set by mtf.gradients).
     self.backward_start = None

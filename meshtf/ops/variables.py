@@ -86,6 +86,7 @@ class Variable(graph_lib.Operation):
     self._outputs = [graph_lib.Tensor(self, shapes.convert_to_shape(shape),
                                       dtype)]
     mesh.graph.all_variables.append(self)
+    mesh.graph.variables_by_name.setdefault(self.name, self)
     if trainable:
       mesh.graph.trainable_variables.append(self)
 
@@ -219,33 +220,9 @@ def _plain_get_variable(mesh, name, shape, dtype=tf.float32,
   return out
 
 
-def _variable_named(graph, name):
-  """graph's first Variable named `name`, or None.
-
-  An index by name, brought up to date with graph.all_variables (which only
-  grows) on each call: a scan per get_variable made building a deep model
-  quadratic in its variables (10,000 layers: minutes).
-
-  Example:
-    >>> _variable_named(mesh.graph, "dense/kernel")  # doctest: +SKIP
-  """
-  variables = graph.all_variables
-  index = getattr(graph, "_variables_by_name", None)
-  seen = getattr(graph, "_variables_indexed", 0)
-  if index is None or seen > len(variables) or (
-      seen and variables[seen - 1] is not graph._variables_last_indexed):
-    index, seen = {}, 0            # the list was replaced or cut: rebuild
-  for var in variables[seen:]:
-    index.setdefault(var.name, var)
-  graph._variables_by_name = index
-  graph._variables_indexed = len(variables)
-  graph._variables_last_indexed = variables[-1] if variables else None
-  return index.get(name)
-
-
 def _existing_variable(mesh, name, shape, dtype):
   """The graph's Variable named `name`, or None; raises if it differs."""
-  var = _variable_named(mesh.graph, name)
+  var = mesh.graph.variables_by_name.get(name)
   if var is not None:
     shape = shapes.convert_to_shape(shape)
     if var.mesh is not mesh or var.shape != shape or (
