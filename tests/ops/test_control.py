@@ -278,7 +278,9 @@ def test_custom_gradient_recompute_grad_print_uneven(tmp_path):
       "%.4f" % float(l.split("]", 1)[1].split()[0]) == total for l in lines)
 
 
-def test_recompute_grad_recomputes_and_matches(monkeypatch):
+def _runs_without_and_with_recompute(monkeypatch, model):
+  """(plain, again): model(False) and model(True) through the harness on
+  all:8, each with .tanh_count, the tanh ops its lowering lowered."""
   lowered = []
   original = elementwise.UnaryOperation.lower
 
@@ -286,7 +288,16 @@ def test_recompute_grad_recomputes_and_matches(monkeypatch):
     lowered.append(op._kind)  # pylint: disable=protected-access
     return original(op, lowering)
   monkeypatch.setattr(elementwise.UnaryOperation, "lower", counting_lower)
+  runs = {}
+  for recompute in (False, True):
+    del lowered[:]
+    runs[recompute] = harness.run_model(model(recompute), GRAD_INPUTS,
+                                        "all:8", "hidden:all", wrt=["x", "w"])
+    runs[recompute].tanh_count = lowered.count("tanh")
+  return runs[False], runs[True]
 
+
+def test_recompute_grad_recomputes_and_matches(monkeypatch):
   def model(recompute):
     def fn(mesh, t):
       def block(x):
@@ -295,13 +306,7 @@ def test_recompute_grad_recomputes_and_matches(monkeypatch):
       return {"z": control.recompute_grad(block, [t["x"]]) if recompute
               else block(t["x"])}
     return fn
-  runs = {}
-  for recompute in (False, True):
-    del lowered[:]
-    runs[recompute] = harness.run_model(model(recompute), GRAD_INPUTS,
-                                        "all:8", "hidden:all", wrt=["x", "w"])
-    runs[recompute].tanh_count = lowered.count("tanh")
-  plain, again = runs[False], runs[True]
+  plain, again = _runs_without_and_with_recompute(monkeypatch, model)
   # The same values and gradients (dropout's mask too: a copied random op
   # keeps its name, hence its numbers)...
   np.testing.assert_allclose(again.outputs["z"], plain.outputs["z"])
@@ -326,14 +331,6 @@ def test_recompute_grad_runs_a_nested_custom_gradient_forward_once(
   whose gradient reads its outputs): the block's recomputation copies the
   custom gradient's forward ops once, and its gradient reads those copies
   -- it does not re-create them a second time."""
-  lowered = []
-  original = elementwise.UnaryOperation.lower
-
-  def counting_lower(op, lowering):
-    lowered.append(op._kind)  # pylint: disable=protected-access
-    return original(op, lowering)
-  monkeypatch.setattr(elementwise.UnaryOperation, "lower", counting_lower)
-
   def tanh_grad_fn(explicit_inputs, all_inputs, forward_operations, outputs,
                    output_grads):
     del explicit_inputs, forward_operations
@@ -349,13 +346,7 @@ def test_recompute_grad_runs_a_nested_custom_gradient_forward_once(
       return {"z": control.recompute_grad(block, [t["x"]]) if recompute
               else block(t["x"])}
     return fn
-  runs = {}
-  for recompute in (False, True):
-    del lowered[:]
-    runs[recompute] = harness.run_model(model(recompute), GRAD_INPUTS,
-                                        "all:8", "hidden:all", wrt=["x", "w"])
-    runs[recompute].tanh_count = lowered.count("tanh")
-  plain, again = runs[False], runs[True]
+  plain, again = _runs_without_and_with_recompute(monkeypatch, model)
   np.testing.assert_allclose(again.outputs["z"], plain.outputs["z"])
   for n in ("x", "w"):
     np.testing.assert_allclose(again.grads[n], plain.grads[n], rtol=1e-6)
