@@ -17,6 +17,19 @@ and input fusion do it (stated assumptions):
               reading its operands and writing its output
   free        variables, imports, constants (their readers pay the reads)
 
+Duplication (XLA's InstructionFusion::ComputeGloballyUnfusible, in
+xla/service/instruction_fusion.cc: a producer that is "effectively not
+more than unary" is fused into every consumer, recomputed in each, when
+all of them can fuse it; seen in TF 2.21's CPU HLO after optimizations of
+einsum -> + mask -> softmax, whose exp kernel reads the einsum's output
+and the mask again rather than the masked logits): a fused kernel's
+output that leaves it is not written when it comes from a chain of
+elementwise ops inside the kernel, each with one operand of its size
+(the rest smaller: broadcasts, scalars), starting from a tensor made
+outside the kernel, and every reader outside is fusible or reducing
+(no relayout between); those readers read the chain's inputs instead.
+Producers of two or more full-size operands are written once.
+
 A tensor that a collective relays between its producer and a reader is
 written by the producer's kernel and read by the reader's. Fusions never
 form a cycle: each op gets a stage, the most kernels (or relays) on a path
@@ -25,9 +38,14 @@ from the graph's inputs to it, and ops fuse only within a stage.
 An einsum's time is max(flops / peak, bytes / memory bandwidth); on a
 matrix unit of tile T (TPU MXU: 128x128) its contracted and output sizes
 are padded to multiples of T on the operand that stays in the unit (the
-cheaper orientation). Not modelled: XLA's output fusion of elementwise
-consumers into einsums, layout copies (transposes) it inserts, kernel
-launch and per-fusion overheads on TPU.
+cheaper orientation). Not modelled: fusion into einsums (XLA's CPU
+backend calls GEMMs as black boxes, cpu_instruction_fusion.cc, and the
+HLO here shows every dot alone; TPU's convolution / output fusion has no
+public rule to count from), layout copies (transposes) XLA inserts,
+kernel launch and per-fusion overheads on TPU. Dropout's mask: XLA on
+CPU writes the random bits once (u32, 4 bytes an element, as the float32
+mask here costs) and fuses the compare and convert into each reader, so
+the float32 mask priced here moves the same bytes.
 
 Example:
   >>> costs = op_seconds(graph.operations, graph_layout, hw)
@@ -180,7 +198,8 @@ def fusions(operations, graph_layout):
   return list(groups.values())
 
 
-def _fused_seconds(ops, graph_layout, hw, costs, times=None):
+def _fused_seconds(ops, graph_layout, hw, costs, times=None,
+                   recompute=True):
   times = times or {}
   f = _Fusions(ops, graph_layout)
   readers = collections.defaultdict(list)
@@ -190,6 +209,8 @@ def _fused_seconds(ops, graph_layout, hw, costs, times=None):
   members = collections.defaultdict(list)
   for i in range(len(ops)):
     members[f.find(i)].append(i)
+  recomputed = (_recomputed_tails(ops, f, readers, graph_layout)
+                if recompute else {})
   seconds = {}
   for root, group in members.items():
     group_ops = [ops[i] for i in group]
@@ -209,19 +230,29 @@ def _fused_seconds(ops, graph_layout, hw, costs, times=None):
     inside = set(group_ops)
     nbytes = 0
     seen = set()
+    written = 0
     for op in group_ops:
       layout = graph_layout.op_layout(op)
       n = times.get(op, 1)
       for t in op.inputs:
         if (t.operation in inside and not f.relaid(t, op)) or t in seen:
           continue
-        seen.add(t)
-        nbytes += layout.slice_size(t.shape) * t.dtype.size * n
+        # A duplicated producer: this kernel reads what it is made of.
+        for u in recomputed.get(t, (t,)):
+          if u not in seen:
+            seen.add(u)
+            nbytes += layout.slice_size(u.shape) * u.dtype.size * n
       for t in op.outputs:
+        if t in recomputed:
+          continue   # each reader recomputes it: never written
         outside = [r for r in readers.get(t, ())
                    if r not in inside or f.relaid(t, r)]
         if outside or not readers.get(t):
           nbytes += layout.slice_size(t.shape) * t.dtype.size * n
+          written += 1
+    if not written and any(t in recomputed for op in group_ops
+                           for t in op.outputs):
+      nbytes = 0   # every reader recomputes it: the kernel is gone
     flops = sum(costs[op].flops for op in group_ops)
     total = _roofline(flops, nbytes, hw)
     weights = [costs[op].bytes + 1 for op in group_ops]
@@ -229,3 +260,62 @@ def _fused_seconds(ops, graph_layout, hw, costs, times=None):
     for op, w in zip(group_ops, weights):
       seconds[op] = total * w / norm
   return seconds
+
+
+_ELEMENTWISE = frozenset([
+    "BinaryOperation", "BinaryOpWithBroadcasting", "UnaryOperation",
+    "ScalarMultiplyOperation", "ScalarAddOperation", "CastOperation"])
+
+
+def _recomputed_tails(ops, f, readers, graph_layout):
+  """{tensor: (tensors its readers read instead)}: XLA's duplication of
+  effectively unary producers (module docstring). A fused kernel's output
+  t that leaves it is recomputed by each reader instead of written when
+  t comes from a chain of elementwise ops inside the kernel, each with at
+  most one operand of t's size (the others smaller: broadcasts, scalars),
+  the chain starting at a tensor from outside the kernel, and every reader
+  outside is itself fusible or reducing, laid out alike (no relayout)."""
+  out = {}
+  for op in ops:
+    if type(op).__name__ not in _ELEMENTWISE:
+      continue
+    group = f.find(f.index[op])
+    for t in op.outputs:
+      outside = [r for r in readers.get(t, ())
+                 if f.find(f.index[r]) != group]
+      if not outside or any(
+          f.kinds[f.index[r]] not in ("fusible", "reducing") or
+          f.relaid(t, r) for r in outside):
+        continue
+      sources = _unary_chain(t, group, f, graph_layout)
+      if sources is not None:
+        out[t] = sources
+  return out
+
+
+def _unary_chain(t, group, f, graph_layout):
+  """The tensors from outside `group` that t is computed from by a chain
+  of effectively unary elementwise ops in `group`, or None."""
+  sources = []
+  reader = None
+  while True:
+    op = t.operation
+    i = f.index.get(op)
+    if (i is None or f.find(i) != group or
+        (reader is not None and f.relaid(t, reader))):
+      sources.append(t)
+      return tuple(dict.fromkeys(sources))
+    if type(op).__name__ not in _ELEMENTWISE:
+      return None
+    layout = graph_layout.op_layout(op)
+    size = layout.slice_size(t.shape)
+    full = [x for x in op.inputs if layout.slice_size(x.shape) >= size]
+    if len(full) != 1:
+      return None
+    for x in op.inputs:
+      if x is not full[0]:
+        j = f.index.get(x.operation)
+        if j is not None and f.find(j) == group:
+          return None   # a small operand made inside: not duplicated
+        sources.append(x)
+    t, reader = full[0], op
