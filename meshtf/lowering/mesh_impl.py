@@ -128,6 +128,12 @@ class MeshImpl(object):
   # processor (PlacementMeshImpl). The SPMD impls also take program options
   # (SimdMeshImpl.program_options: MeshFunction asks is_spmd, not hasattr).
   is_spmd = False
+  # Whether XLA compiles the whole lowered program (TPU; the SPMD backend
+  # with jit_compile="program"): XLA drops control dependencies and merges
+  # identical computations, so ops that must stay apart (a
+  # rematerialization and the forward ops it copies: DependOperation) are
+  # kept apart by an optimization barrier instead.
+  compiled_by_xla = False
 
   def __init__(self, shape, layout=None, devices=None, layout_rules=None):
     if layout_rules is not None:   # Mesh TF's MeshImpl(shape, layout_rules)

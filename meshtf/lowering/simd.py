@@ -277,6 +277,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   communication_hint = property(lambda self: self._option(
       "communication_hint"))
   jit_compile = property(lambda self: self._option("jit_compile"))
+  # "segments" compiles only clusters of ops TensorFlow picks: the
+  # executor keeps the control dependencies between them.
+  compiled_by_xla = property(lambda self: self.jit_compile == "program")
 
   @property
   def grappler(self):

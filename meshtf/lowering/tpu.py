@@ -32,6 +32,7 @@ class TpuMeshImpl(simd.SimdMeshImpl):
   """SPMD mesh implementation whose collectives are TPU ops."""
 
   uses_ordering_token = False  # XLA orders the collectives itself
+  compiled_by_xla = True        # a TPU runs only what XLA compiled
 
   def group_assignment(self, mesh_axes):
     """[num_groups, group_size] replica ids of the groups along mesh_axes."""

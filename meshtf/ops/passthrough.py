@@ -8,6 +8,7 @@ Example:
   >>> y = mtf.Print(y, [mtf.reduce_sum(y)], "sum of y:")
 """
 import tensorflow as tf
+from tensorflow.compiler.tf2xla.python import xla as tf2xla
 
 from meshtf import graph as graph_lib
 
@@ -37,6 +38,21 @@ class DependOperation(graph_lib.Operation):
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
+    waited = [lowering.tensors[t] for t in self._inputs[1:]]
+    if (getattr(impl, "compiled_by_xla", False) and waited and
+        not self._control_ops and not tf.executing_eagerly()):
+      # XLA ignores control dependencies and merges identical
+      # computations: a rematerialization (ops/control/gradients.py copies
+      # the forward ops onto depend(input, output gradients)) would be
+      # merged back into the forward pass, its activations kept after
+      # all. An optimization barrier over x and the tensors it waits for
+      # makes x opaque to XLA and available only after them (JAX's remat
+      # does the same).
+      def barrier(t, *after):
+        return tf2xla.optimization_barrier(t, *after)[0]
+      lowering.set_tensor_lowering(self._outputs[0], impl.slicewise(
+          barrier, lowering.tensors[self._inputs[0]], *waited))
+      return
     control = []
     for d in self._control_ops:
       lowered = lowering.operations.get(d)

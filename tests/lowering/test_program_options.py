@@ -124,6 +124,45 @@ def test_jit_program_on_one_device_gives_the_same_numbers():
   np.testing.assert_allclose(jitted, plain, rtol=1e-5)
 
 
+def _remat_losses(impl, jit_compile):
+  """Two training steps of a 2-layer LM recomputed in the backward pass
+  (remat="full"), and its TrainStep."""
+  from meshtf.models import optimize
+  from meshtf.models import transformer
+  lm = transformer.make_unitransformer(
+      vocab_size=16, d_model=8, num_layers=2, num_heads=2, d_kv=4, d_ff=16,
+      max_length=8, vocab_divisor=1, remat="full")
+  step = mtf.training.TrainStep(transformer.loss_fn(lm), impl,
+                                optimize.AdafactorOptimizer(),
+                                jit_compile=jit_compile)
+  ids = np.random.RandomState(0).randint(1, 16, size=(2, 8)).astype(np.int32)
+  return [float(step({"inputs": ids, "targets": ids})["loss"])
+          for _ in range(2)], step
+
+
+def test_jit_program_keeps_a_recomputation_apart_from_the_forward_pass():
+  """XLA drops control dependencies and merges identical computations, so
+  under jit_compile="program" the recomputation's inputs pass through an
+  optimization barrier with the output gradients they wait for (else XLA
+  merged the copies back into the forward pass: bench/fusion_check.py
+  --barrier=off); without XLA they stay identities with control
+  dependencies. Same losses either way."""
+  impl = mtf.SimdMeshImpl("all:1", "", harness.DEVICES[:1])
+  plain, step = _remat_losses(impl, False)
+  ops = [n.op for n in
+         step.mesh_function.lowering.program.graph.as_graph_def().node]
+  assert "XlaOptimizationBarrier" not in ops
+  jitted, step = _remat_losses(impl, "program")
+  ops = [n.op for n in
+         step.mesh_function.lowering.program.graph.as_graph_def().node]
+  assert "XlaOptimizationBarrier" in ops
+  np.testing.assert_allclose(jitted, plain, rtol=1e-5)
+  one = harness.DEVICES[:1]
+  assert [mtf.SimdMeshImpl("all:1", "", one, jit_compile=j).compiled_by_xla
+          for j in (False, "segments", "program")] == [False, False, True]
+  assert mtf.TpuMeshImpl("all:1", "", one).compiled_by_xla
+
+
 def test_jit_segments_compile_all_but_the_collectives():
   impl = mtf.SimdMeshImpl("rows:2;cols:2", "batch:rows;hidden:cols",
                           harness.DEVICES[:4], jit_compile="segments")
