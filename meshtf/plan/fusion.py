@@ -198,8 +198,34 @@ def fusions(operations, graph_layout):
   return list(groups.values())
 
 
-def _fused_seconds(ops, graph_layout, hw, costs, times=None,
-                   recompute=True):
+Kernel = collections.namedtuple(
+    "Kernel", ["ops", "kind", "flops", "bytes", "reads", "writes"])
+Kernel.__doc__ = """One kernel of a step: its ops; kind "einsum" (a
+two-operand einsum alone), "fused" (elementwise / reduction ops fused) or
+"free" (a variable, import or constant: nothing moved); flops (an
+einsum's padded to the matrix unit); bytes it moves; reads / writes:
+{tensor: bytes} (a loop body's kernel counted once per iteration)."""
+
+
+def kernels(operations, graph_layout, hw, costs=None):
+  """[Kernel] of the step on XLA hardware hw (module docstring): what each
+  kernel reads and writes, in bytes -- the plan's memory traffic, which
+  bench/fusion_check.py compares with XLA's own kernels of the same
+  program.
+
+  Example:
+    >>> ks = kernels(graph.operations, graph_layout, hardware.get("tpuv3"))
+    >>> sum(k.bytes for k in ks if k.kind == "fused")   # elementwise traffic
+  """
+  ops = list(lowering_lib.all_operations(list(operations)))
+  if costs is None:
+    costs = {op: accounting.op_cost(op, graph_layout.op_layout(op),
+                                    graph_layout) for op in ops}
+  times = {op: n for op, n in accounting.runs_per_step(list(operations))}
+  return _kernels(ops, graph_layout, hw, costs, times)
+
+
+def _kernels(ops, graph_layout, hw, costs, times=None, recompute=True):
   times = times or {}
   f = _Fusions(ops, graph_layout)
   readers = collections.defaultdict(list)
@@ -211,12 +237,12 @@ def _fused_seconds(ops, graph_layout, hw, costs, times=None,
     members[f.find(i)].append(i)
   recomputed = (_recomputed_tails(ops, f, readers, graph_layout)
                 if recompute else {})
-  seconds = {}
+  out = []
   for root, group in members.items():
     group_ops = [ops[i] for i in group]
     kind = f.kinds[root]
     if len(group) == 1 and kind in ("free",):
-      seconds[group_ops[0]] = 0.0
+      out.append(Kernel(group_ops, "free", 0, 0, {}, {}))
       continue
     if len(group) == 1 and kind == "kernel":
       op = group_ops[0]
@@ -225,39 +251,59 @@ def _fused_seconds(ops, graph_layout, hw, costs, times=None,
       if type(op).__name__ == "EinsumOperation" and hw.matmul_tile:
         flops = einsum_flops(op, graph_layout.op_layout(op),
                              hw.matmul_tile) * times.get(op, 1)
-      seconds[op] = _roofline(flops, c.bytes, hw)
+      layout = graph_layout.op_layout(op)
+      n = times.get(op, 1)
+      reads = {t: layout.slice_size(t.shape) * t.dtype.size * n
+               for t in op.inputs}
+      writes = {t: layout.slice_size(t.shape) * t.dtype.size * n
+                for t in op.outputs}
+      out.append(Kernel(group_ops, "einsum" if type(op).__name__ ==
+                        "EinsumOperation" else "kernel", flops, c.bytes,
+                        reads, writes))
       continue
     inside = set(group_ops)
-    nbytes = 0
-    seen = set()
-    written = 0
+    reads, writes = {}, {}
     for op in group_ops:
       layout = graph_layout.op_layout(op)
       n = times.get(op, 1)
       for t in op.inputs:
-        if (t.operation in inside and not f.relaid(t, op)) or t in seen:
+        if (t.operation in inside and not f.relaid(t, op)) or t in reads:
           continue
         # A duplicated producer: this kernel reads what it is made of.
         for u in recomputed.get(t, (t,)):
-          if u not in seen:
-            seen.add(u)
-            nbytes += layout.slice_size(u.shape) * u.dtype.size * n
+          if u not in reads:
+            reads[u] = layout.slice_size(u.shape) * u.dtype.size * n
       for t in op.outputs:
         if t in recomputed:
           continue   # each reader recomputes it: never written
         outside = [r for r in readers.get(t, ())
                    if r not in inside or f.relaid(t, r)]
         if outside or not readers.get(t):
-          nbytes += layout.slice_size(t.shape) * t.dtype.size * n
-          written += 1
-    if not written and any(t in recomputed for op in group_ops
-                           for t in op.outputs):
-      nbytes = 0   # every reader recomputes it: the kernel is gone
-    flops = sum(costs[op].flops for op in group_ops)
-    total = _roofline(flops, nbytes, hw)
-    weights = [costs[op].bytes + 1 for op in group_ops]
+          writes[t] = layout.slice_size(t.shape) * t.dtype.size * n
+    if not writes and any(t in recomputed for op in group_ops
+                          for t in op.outputs):
+      reads = {}   # every reader recomputes it: the kernel is gone
+    out.append(Kernel(group_ops, "fused",
+                      sum(costs[op].flops for op in group_ops),
+                      sum(reads.values()) + sum(writes.values()),
+                      reads, writes))
+  return out
+
+
+def _fused_seconds(ops, graph_layout, hw, costs, times=None,
+                   recompute=True):
+  seconds = {}
+  for k in _kernels(ops, graph_layout, hw, costs, times, recompute):
+    if k.kind == "free":
+      seconds[k.ops[0]] = 0.0
+      continue
+    total = _roofline(k.flops, k.bytes, hw)
+    if len(k.ops) == 1:
+      seconds[k.ops[0]] = total
+      continue
+    weights = [costs[op].bytes + 1 for op in k.ops]
     norm = float(sum(weights))
-    for op, w in zip(group_ops, weights):
+    for op, w in zip(k.ops, weights):
       seconds[op] = total * w / norm
   return seconds
 
