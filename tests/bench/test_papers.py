@@ -8,16 +8,20 @@ from conftest import load_file
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The run before the sharding completion (labels "before": the model at
 # f8fd043, "after": the interconnect, fusion and overlap models), the run
-# with it (label "completion") and the run with rematerialization, the
-# papers' capacity and the pipeline loop (label "main_2b23abb").
+# with it (label "completion"), the run with rematerialization, the
+# papers' capacity and the pipeline loop (label "main_2b23abb") and the
+# run with XLA's duplication of the mask add (label "main_7fd1d80").
 BEFORE = ROOT / "bench" / "results" / "cpu2_papers_2026-11-27.jsonl"
 COMPLETION = (ROOT / "bench" / "results" /
               "cpu2_papers_completion_2026-11-27.jsonl")
-RESULTS = ROOT / "bench" / "results" / "cpu2_papers_main_2b23abb_2026-11-27.jsonl"
-LABEL = "main_2b23abb"
+REMAT = (ROOT / "bench" / "results" /
+         "cpu2_papers_main_2b23abb_2026-11-27.jsonl")
+RESULTS = ROOT / "bench" / "results" / "cpu2_papers_main_7fd1d80_2026-11-27.jsonl"
+LABEL = "main_7fd1d80"
 COMPARE = ("before=f8fd043", "after=without completion",
            "completion=with completion",
-           "main_2b23abb=with remat and the pipeline loop")
+           "main_2b23abb=with remat and the pipeline loop",
+           "main_7fd1d80=with the mask add recomputed in its readers")
 
 
 def _block(text, name):
@@ -27,7 +31,8 @@ def _block(text, name):
 
 def test_readme_tables_are_the_saved_runs():
   bench = load_file("bench/papers.py", "papers")
-  lines = bench.read_runs("%s,%s,%s" % (BEFORE, COMPLETION, RESULTS))
+  lines = bench.read_runs("%s,%s,%s,%s" % (BEFORE, COMPLETION, REMAT,
+                                            RESULTS))
   readme = (ROOT / "docs" / "papers.md").read_text()
   now = [r for r in lines if r.get("label") == LABEL]
   assert _block(readme, "papers") == bench.markdown_table(now)
@@ -36,8 +41,9 @@ def test_readme_tables_are_the_saved_runs():
   # The commands the guide shows print them.
   assert ("--table=bench/results/%s --label=%s" % (RESULTS.name, LABEL)
           in readme)
-  assert ("--table=bench/results/%s,bench/results/%s,bench/results/%s" % (
-      BEFORE.name, COMPLETION.name, RESULTS.name) in readme)
+  assert ("--table=bench/results/%s,bench/results/%s,bench/results/%s,"
+          "bench/results/%s" % (BEFORE.name, COMPLETION.name, REMAT.name,
+                                RESULTS.name) in readme)
   assert '--compare="%s"' % ",".join(COMPARE) in readme
 
 
