@@ -128,14 +128,44 @@ def op_seconds(operations, graph_layout, hw, costs=None):
   if costs is None:
     costs = {op: accounting.op_cost(op, graph_layout.op_layout(op),
                                     graph_layout) for op in ops}
-  if hw.compiler != "xla":
-    return {op: _roofline(c.flops, c.bytes, hw) + (
-        hw.kernel_overhead if _kind(op) != "free" else 0.0)
-            for op, c in costs.items()}
   # A loop body's op runs once per iteration: its kernel's bytes and
   # padded flops count that many times (costs' flops already do).
   times = {op: n for op, n in accounting.runs_per_step(list(operations))}
+  if hw.compiler != "xla":
+    # One launch per run; a loop's sums add one kernel per iteration each.
+    seconds = {op: _roofline(c.flops, c.bytes, hw) + (
+        hw.kernel_overhead * times.get(op, 1) if _kind(op) != "free"
+        else 0.0) for op, c in costs.items()}
+    for loop, sums in _loop_sums(ops, graph_layout, times).items():
+      for _, _, runs, elements, nbytes in sums:
+        seconds[loop] = seconds.get(loop, 0.0) + _roofline(
+            elements, nbytes, hw) + hw.kernel_overhead * runs
+    return seconds
   return _fused_seconds(ops, graph_layout, hw, costs, times)
+
+
+def _loop_sums(ops, graph_layout, times):
+  """{loop op: [(accumulator, body tensor, runs, elements, bytes)]}: the
+  sums a loop adds its body's tensors to in every iteration (a pipeline's
+  weight gradients in float32, its finished microbatches) -- tf.add ops
+  the lowering makes, not meshtf ops: each run reads the body tensor and
+  the accumulator and writes the accumulator."""
+  out = {}
+  for op in ops:
+    summed = getattr(op, "summed_outputs", None)
+    if not summed or not op.inner_operations:
+      continue
+    runs = times.get(op, 1) * accounting.loop_trips(op)
+    layout = graph_layout.op_layout(op)
+    rows = []
+    for acc, inner in summed:
+      elements = layout.slice_size(acc.shape)
+      inner_bytes = graph_layout.op_layout(inner.operation).slice_size(
+          inner.shape) * inner.dtype.size
+      rows.append((acc, inner, runs, elements * runs,
+                   (inner_bytes + 2 * elements * acc.dtype.size) * runs))
+    out[op] = rows
+  return out
 
 
 class _Fusions(object):
@@ -287,25 +317,61 @@ def _kernels(ops, graph_layout, hw, costs, times=None, recompute=True):
                       sum(costs[op].flops for op in group_ops),
                       sum(reads.values()) + sum(writes.values()),
                       reads, writes))
-  return out
+  return _with_loop_sums(out, ops, graph_layout, times, readers)
+
+
+def _with_loop_sums(kernels, ops, graph_layout, times, readers):
+  """kernels with each loop's per-iteration sums (_loop_sums): XLA fuses
+  the add into the fused kernel that makes the body tensor (a gradient's
+  widening cast), which then reads and writes the accumulator instead of
+  writing the tensor; after a kernel of its own (an einsum), the add is
+  a kernel reading both and writing the accumulator."""
+  made_by = {}
+  for i, k in enumerate(kernels):
+    if k.kind == "fused":
+      for t in k.writes:
+        made_by[t] = i
+  extra = []
+  for loop, sums in _loop_sums(ops, graph_layout, times).items():
+    for acc, inner, runs, elements, _ in sums:
+      acc_bytes = elements * acc.dtype.size
+      i = made_by.get(inner)
+      if i is not None:
+        k = kernels[i]
+        reads, writes = dict(k.reads), dict(k.writes)
+        if not readers.get(inner):
+          del writes[inner]   # summed in the kernel, never written
+        reads[acc] = reads.get(acc, 0) + acc_bytes
+        writes[acc] = writes.get(acc, 0) + acc_bytes
+        kernels[i] = k._replace(
+            flops=k.flops + elements, reads=reads, writes=writes,
+            bytes=sum(reads.values()) + sum(writes.values()))
+      else:
+        inner_bytes = (graph_layout.op_layout(inner.operation).slice_size(
+            inner.shape) * inner.dtype.size * runs)
+        extra.append(Kernel([loop], "fused", elements,
+                            inner_bytes + 2 * acc_bytes,
+                            {inner: inner_bytes, acc: acc_bytes},
+                            {acc: acc_bytes}))
+  return kernels + extra
 
 
 def _fused_seconds(ops, graph_layout, hw, costs, times=None,
                    recompute=True):
-  seconds = {}
+  seconds = collections.Counter()
   for k in _kernels(ops, graph_layout, hw, costs, times, recompute):
     if k.kind == "free":
-      seconds[k.ops[0]] = 0.0
+      seconds[k.ops[0]] += 0.0
       continue
     total = _roofline(k.flops, k.bytes, hw)
     if len(k.ops) == 1:
-      seconds[k.ops[0]] = total
+      seconds[k.ops[0]] += total   # (a loop: its own kernel and its sums)
       continue
     weights = [costs[op].bytes + 1 for op in k.ops]
     norm = float(sum(weights))
     for op, w in zip(k.ops, weights):
-      seconds[op] = total * w / norm
-  return seconds
+      seconds[op] += total * w / norm
+  return dict(seconds)
 
 
 _ELEMENTWISE = frozenset([

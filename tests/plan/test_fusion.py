@@ -204,3 +204,40 @@ def test_a_producer_of_two_full_size_operands_is_written_once():
     for t in op.inputs:
       readers.setdefault(t, []).append(op)
   assert not fusion._recomputed_tails(ops, f, readers, gl)  # pylint: disable=protected-access
+
+
+def test_a_loops_sums_cost_a_read_and_write_of_the_accumulator_per_iteration():
+  """while_loop with an accumulator: each of the 5 iterations adds
+  relu(h) * 2 (1M float32) to a sum the lowering keeps (a tf.add, not a
+  meshtf op). One kernel per op: the add reads the body tensor and the
+  accumulator and writes it, 3 x 4 MB a run. XLA: the add joins the
+  fused kernel that makes the body tensor, which reads and writes the
+  accumulator instead of writing the tensor: 4 MB more a run."""
+  import tensorflow as tf
+  def build(mesh):
+    h0 = mtf.import_tf_tensor(mesh, tf.zeros([1024, 1024]), "a:1024;b:1024")
+    def body(i, h):
+      return [i + 1, h, mtf.relu(h) * 2.0]
+    return mtf.while_loop(lambda i, h: mtf.less(i, 5), body,
+                          [mtf.constant(mesh, 0, dtype=tf.int32), h0],
+                          has_accumulators=True, maximum_iterations=5)[2]
+  graph, gl, _ = _graph(build)
+  ops = list(lowering_lib.all_operations(graph.operations))
+  loop = [op for op in ops if op.inner_operations][0]
+  mb = 4 * 2 ** 20
+  cpu = hardware.get("cpu")
+  unfused = fusion.op_seconds(graph.operations, gl, cpu)
+  costs = {op: accounting.op_cost(op, gl.op_layout(op), gl) for op in ops}
+  # pylint: disable=protected-access
+  own = fusion._roofline(costs[loop].flops, costs[loop].bytes, cpu)
+  sums = fusion._roofline(5 * 2 ** 20, 5 * 3 * mb, cpu)
+  assert unfused[loop] == pytest.approx(
+      own + sums + cpu.kernel_overhead * (1 + 5))
+  kernels = fusion.kernels(graph.operations, gl, TPU)
+  fused = [k for k in kernels if k.kind == "fused" and
+           any(type(op).__name__ == "ScalarMultiplyOperation"
+               for op in k.ops)]
+  assert len(fused) == 1
+  acc, = [t for t in fused[0].writes if t.operation is loop]
+  assert fused[0].reads[acc] == fused[0].writes[acc] == 5 * mb
+  assert not [t for t in fused[0].writes if t is not acc]
