@@ -10,18 +10,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # f8fd043, "after": the interconnect, fusion and overlap models), the run
 # with it (label "completion"), the run with rematerialization, the
 # papers' capacity and the pipeline loop (label "main_2b23abb") and the
-# run with XLA's duplication of the mask add (label "main_7fd1d80").
+# run with XLA's duplication of the mask add and the loops' sums priced
+# (label "main_5981377").
 BEFORE = ROOT / "bench" / "results" / "cpu2_papers_2026-11-27.jsonl"
 COMPLETION = (ROOT / "bench" / "results" /
               "cpu2_papers_completion_2026-11-27.jsonl")
 REMAT = (ROOT / "bench" / "results" /
          "cpu2_papers_main_2b23abb_2026-11-27.jsonl")
-RESULTS = ROOT / "bench" / "results" / "cpu2_papers_main_7fd1d80_2026-11-27.jsonl"
-LABEL = "main_7fd1d80"
+RESULTS = (ROOT / "bench" / "results" /
+           "cpu2_papers_main_5981377_2026-11-27.jsonl")
+LABEL = "main_5981377"
 COMPARE = ("before=f8fd043", "after=without completion",
            "completion=with completion",
            "main_2b23abb=with remat and the pipeline loop",
-           "main_7fd1d80=with the mask add recomputed in its readers")
+           "main_5981377=with the mask add recomputed and the loops' sums")
 
 
 def _block(text, name):
