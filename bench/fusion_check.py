@@ -36,6 +36,11 @@ SPMD backend now puts there (ops/passthrough.py) the copies were merged
 back into the forward pass and nothing was recomputed (--barrier=off
 shows it: the step's bytes and peak are those of remat none).
 
+On a GPU (a session lent one, after bench/gpu_bootstrap.sh),
+--device=/gpu:0 compares the plan with XLA's GPU kernels, whose GEMMs are
+cuBLAS custom calls or Triton fusions around a dot (both count as
+matmuls), and whose pipeline schedules before it removes the barriers.
+
 Usage:
   python bench/fusion_check.py                 # remat none, dropout 0.1
   python bench/fusion_check.py --remat=full --num_layers=4
@@ -88,6 +93,14 @@ def array_sizes(type_text):
   return out
 
 
+def _is_matmul_call(rest):
+  """Whether a custom call's text names a matrix multiply: oneDNN's
+  matmul on CPU, cuBLAS / cuBLASLt GEMMs and cuDNN convolutions on GPU."""
+  target = re.search(r'custom_call_target="([^"]*)"', rest)
+  name = (target.group(1) if target else rest).lower()
+  return any(k in name for k in ("matmul", "gemm", "cublas", "cudnn$conv"))
+
+
 def _computations(text):
   """{name: [instruction line]} of an HLO module's text, and the entry's
   name."""
@@ -134,7 +147,7 @@ def hlo_kernels(text):
     for name, type_text, _, _ in rows:
       types[name] = type_text
   has_dot = {name: any(op in ("dot", "convolution") or
-                       (op == "custom-call" and "matmul" in rest.lower())
+                       (op == "custom-call" and _is_matmul_call(rest))
                        for _, _, op, rest in rows)
              for name, rows in parsed.items()}
   top, todo = [], [entry]
@@ -159,7 +172,7 @@ def hlo_kernels(text):
                                                operand_text)))
       called = re.findall(r"calls=%?([\w.\-]+)", rest)
       if op in ("dot", "convolution") or (
-          op == "custom-call" and "matmul" in rest.lower()) or any(
+          op == "custom-call" and _is_matmul_call(rest)) or any(
               has_dot.get(c) for c in called):
         kind = "dot"
       elif op in ("copy", "transpose") or (
@@ -224,6 +237,9 @@ def parse_args(argv=None):
   p.add_argument("--activation_dtype", default="float32",
                  help="XLA's CPU backend computes bfloat16 dots in float32 "
                  "(it converts their operands), so compare float32")
+  p.add_argument("--device", default="/cpu:0",
+                 help="the device the step runs on (/gpu:0: XLA's GPU "
+                 "kernels)")
   p.add_argument("--barrier", default="on", choices=("on", "off"),
                  help="off: lower depend without XLA's optimization barrier "
                  "(what the SPMD backend did before)")
@@ -254,7 +270,7 @@ def main(argv=None):
     class _NoBarrier(mtf.SimdMeshImpl):
       compiled_by_xla = False
     impl_class = _NoBarrier
-  impl = impl_class("all:1", "", ["/cpu:0"])
+  impl = impl_class("all:1", "", [args.device])
   step = mtf.training.TrainStep(
       transformer.loss_fn(lm, variable_dtype=vdt), impl,
       optimize.AdafactorOptimizer(), jit_compile="program")
@@ -277,7 +293,8 @@ def main(argv=None):
   config = dict(vars(args), loss=round(loss, 4))
   config.pop("kernels")
   attention = args.batch * args.num_heads * args.length * args.length
-  sides = {"xla_cpu": hlo_kernels(text),
+  xla_side = "xla_gpu" if "gpu" in args.device.lower() else "xla_cpu"
+  sides = {xla_side: hlo_kernels(text),
            "plan": plan_kernels(step.graph, mtf.MeshLayout("all:1", ""),
                                 hardware.get("tpuv3"))}
   from meshtf.plan import report as report_lib  # pylint: disable=g-import-not-at-top
@@ -287,7 +304,7 @@ def main(argv=None):
   rows = {}
   for side, kernels in sides.items():
     rows[side] = summarize(kernels, attention)
-    rows[side]["peak_bytes"] = xla_peak if side == "xla_cpu" else plan_peak
+    rows[side]["peak_bytes"] = xla_peak if side == xla_side else plan_peak
     print(json.dumps(dict({"bench": "fusion_check", "side": side},
                           **rows[side], config=config)))
     if args.kernels:
@@ -298,9 +315,9 @@ def main(argv=None):
               side, k["kind"], k["opcode"] + ":" + k["name"][:40],
               sum(b for _, b in k["reads"]), sum(b for _, b in k["writes"]),
               n))
-  x, p = rows["xla_cpu"], rows["plan"]
+  x, p = rows[xla_side], rows["plan"]
   print(json.dumps({
-      "bench": "fusion_check", "side": "plan / xla_cpu",
+      "bench": "fusion_check", "side": "plan / " + xla_side,
       "bytes_other": round(p.get("bytes_other", 0) /
                            max(x.get("bytes_other", 1), 1), 3),
       "bytes_dot": round(p.get("bytes_dot", 0) /

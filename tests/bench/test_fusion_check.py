@@ -54,6 +54,19 @@ def test_hlo_kernels_are_the_entry_instructions_that_move_data():
   assert summary["attention_passes_other"] == 2
 
 
+def test_gemm_custom_calls_and_gemm_fusions_count_as_matmuls():
+  assert fusion_check._is_matmul_call(
+      'custom_call_target="__cublas$lt$matmul"')
+  assert fusion_check._is_matmul_call('custom_call_target="__cublas$gemm"')
+  assert not fusion_check._is_matmul_call(
+      'custom_call_target="__cudnn$norm"')
+  gpu = HLO.replace(
+      "dot(%a, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+      'custom-call(%a, %w), custom_call_target="__cublas$gemm"')
+  assert [k["kind"] for k in fusion_check.hlo_kernels(gpu)] == [
+      "dot", "other"]
+
+
 def _run(*flags):
   out = subprocess.run(
       [sys.executable, os.path.join(ROOT, "bench", "fusion_check.py"),
