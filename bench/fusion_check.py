@@ -39,7 +39,8 @@ shows it: the step's bytes and peak are those of remat none).
 On a GPU (a session lent one, after bench/gpu_bootstrap.sh),
 --device=/gpu:0 compares the plan with XLA's GPU kernels, whose GEMMs are
 cuBLAS custom calls or Triton fusions around a dot (both count as
-matmuls), and whose pipeline schedules before it removes the barriers.
+matmuls); its peak shows whether XLA's GPU pipeline schedules with the
+barriers, as JAX's remat relies on (not yet run on a GPU).
 
 Usage:
   python bench/fusion_check.py                 # remat none, dropout 0.1
