@@ -283,8 +283,8 @@ def main(argv=None):
     print("fusion_check: XLA wrote no optimized HLO of the step under %s"
           % _DUMP, file=sys.stderr)
     return 1
-  text = max((open(f).read() for f in dumps), key=len)
-  dump = [f for f in dumps if open(f).read() == text][0]
+  dump = max(dumps, key=os.path.getsize)   # the step (not an initializer)
+  text = open(dump).read()
   xla_peak = None
   assignment = dump.replace(".txt", "-buffer-assignment.txt")
   if os.path.exists(assignment):

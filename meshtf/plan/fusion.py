@@ -137,19 +137,25 @@ def op_seconds(operations, graph_layout, hw, costs=None):
         hw.kernel_overhead * times.get(op, 1) if _kind(op) != "free"
         else 0.0) for op, c in costs.items()}
     for loop, sums in _loop_sums(ops, graph_layout, times).items():
-      for _, _, runs, elements, nbytes in sums:
+      for total in sums:
         seconds[loop] = seconds.get(loop, 0.0) + _roofline(
-            elements, nbytes, hw) + hw.kernel_overhead * runs
+            total.elements, total.inner_bytes + 2 * total.acc_bytes,
+            hw) + hw.kernel_overhead * total.runs
     return seconds
   return _fused_seconds(ops, graph_layout, hw, costs, times)
 
 
+_LoopSum = collections.namedtuple(
+    "_LoopSum", ["acc", "inner", "runs", "elements", "inner_bytes",
+                 "acc_bytes"])
+
+
 def _loop_sums(ops, graph_layout, times):
-  """{loop op: [(accumulator, body tensor, runs, elements, bytes)]}: the
-  sums a loop adds its body's tensors to in every iteration (a pipeline's
-  weight gradients in float32, its finished microbatches) -- tf.add ops
-  the lowering makes, not meshtf ops: each run reads the body tensor and
-  the accumulator and writes the accumulator."""
+  """{loop op: [_LoopSum]}: the sums a loop adds its body's tensors to in
+  every iteration (a pipeline's weight gradients in float32, its finished
+  microbatches) -- tf.add ops the lowering makes, not meshtf ops: each run
+  reads the body tensor (inner_bytes a step) and the accumulator and
+  writes the accumulator (acc_bytes a step each way)."""
   out = {}
   for op in ops:
     summed = getattr(op, "summed_outputs", None)
@@ -157,14 +163,12 @@ def _loop_sums(ops, graph_layout, times):
       continue
     runs = times.get(op, 1) * accounting.loop_trips(op)
     layout = graph_layout.op_layout(op)
-    rows = []
-    for acc, inner in summed:
-      elements = layout.slice_size(acc.shape)
-      inner_bytes = graph_layout.op_layout(inner.operation).slice_size(
-          inner.shape) * inner.dtype.size
-      rows.append((acc, inner, runs, elements * runs,
-                   (inner_bytes + 2 * elements * acc.dtype.size) * runs))
-    out[op] = rows
+    out[op] = [_LoopSum(
+        acc, inner, runs, layout.slice_size(acc.shape) * runs,
+        graph_layout.op_layout(inner.operation).slice_size(inner.shape) *
+        inner.dtype.size * runs,
+        layout.slice_size(acc.shape) * acc.dtype.size * runs)
+               for acc, inner in summed]
   return out
 
 
@@ -333,8 +337,7 @@ def _with_loop_sums(kernels, ops, graph_layout, times, readers):
         made_by[t] = i
   extra = []
   for loop, sums in _loop_sums(ops, graph_layout, times).items():
-    for acc, inner, runs, elements, _ in sums:
-      acc_bytes = elements * acc.dtype.size
+    for acc, inner, _, elements, inner_bytes, acc_bytes in sums:
       i = made_by.get(inner)
       if i is not None:
         k = kernels[i]
@@ -347,8 +350,6 @@ def _with_loop_sums(kernels, ops, graph_layout, times, readers):
             flops=k.flops + elements, reads=reads, writes=writes,
             bytes=sum(reads.values()) + sum(writes.values()))
       else:
-        inner_bytes = (graph_layout.op_layout(inner.operation).slice_size(
-            inner.shape) * inner.dtype.size * runs)
         extra.append(Kernel([loop], "fused", elements,
                             inner_bytes + 2 * acc_bytes,
                             {inner: inner_bytes, acc: acc_bytes},
