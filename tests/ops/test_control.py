@@ -278,9 +278,11 @@ def test_custom_gradient_recompute_grad_print_uneven(tmp_path):
       "%.4f" % float(l.split("]", 1)[1].split()[0]) == total for l in lines)
 
 
-def _runs_without_and_with_recompute(monkeypatch, model):
-  """(plain, again): model(False) and model(True) through the harness on
-  all:8, each with .tanh_count, the tanh ops its lowering lowered."""
+def _runs_without_and_with_recompute(monkeypatch, block):
+  """(plain, again): the model z = block(t)(x), without and with
+  recompute_grad, through the harness on all:8, each with .tanh_count
+  (the tanh ops its lowering lowered); the two give the same values and
+  gradients."""
   lowered = []
   original = elementwise.UnaryOperation.lower
 
@@ -288,30 +290,35 @@ def _runs_without_and_with_recompute(monkeypatch, model):
     lowered.append(op._kind)  # pylint: disable=protected-access
     return original(op, lowering)
   monkeypatch.setattr(elementwise.UnaryOperation, "lower", counting_lower)
+
+  def model(recompute):
+    def fn(mesh, t):
+      f = block(t)
+      return {"z": control.recompute_grad(f, [t["x"]]) if recompute
+              else f(t["x"])}
+    return fn
   runs = {}
   for recompute in (False, True):
     del lowered[:]
     runs[recompute] = harness.run_model(model(recompute), GRAD_INPUTS,
                                         "all:8", "hidden:all", wrt=["x", "w"])
     runs[recompute].tanh_count = lowered.count("tanh")
-  return runs[False], runs[True]
-
-
-def test_recompute_grad_recomputes_and_matches(monkeypatch):
-  def model(recompute):
-    def fn(mesh, t):
-      def block(x):
-        h = mtf.tanh(mtf.einsum([x, t["w"]], output_shape=[BATCH, H2]))
-        return mtf.dropout(h, rate=0.5) * 2.0
-      return {"z": control.recompute_grad(block, [t["x"]]) if recompute
-              else block(t["x"])}
-    return fn
-  plain, again = _runs_without_and_with_recompute(monkeypatch, model)
-  # The same values and gradients (dropout's mask too: a copied random op
-  # keeps its name, hence its numbers)...
+  plain, again = runs[False], runs[True]
   np.testing.assert_allclose(again.outputs["z"], plain.outputs["z"])
   for n in ("x", "w"):
     np.testing.assert_allclose(again.grads[n], plain.grads[n], rtol=1e-6)
+  return plain, again
+
+
+def test_recompute_grad_recomputes_and_matches(monkeypatch):
+  def block(t):
+    def f(x):
+      h = mtf.tanh(mtf.einsum([x, t["w"]], output_shape=[BATCH, H2]))
+      return mtf.dropout(h, rate=0.5) * 2.0
+    return f
+  # The same values and gradients (dropout's mask too: a copied random op
+  # keeps its name, hence its numbers; checked in the helper)...
+  plain, again = _runs_without_and_with_recompute(monkeypatch, block)
   # ...but the forward tanh is lowered a second time for the backward pass,
   # and no backward op reads the first forward's activations.
   assert (plain.tanh_count, again.tanh_count) == (1, 2)
@@ -337,19 +344,14 @@ def test_recompute_grad_runs_a_nested_custom_gradient_forward_once(
     y = outputs[0]
     return [output_grads[0] * (1.0 - y * y)] + [None] * (len(all_inputs) - 1)
 
-  def model(recompute):
-    def fn(mesh, t):
-      def block(x):
-        h = mtf.einsum([x, t["w"]], output_shape=[BATCH, H2])
-        # The product's gradient reads the recomputed tanh.
-        return control.custom_gradient(mtf.tanh, tanh_grad_fn, [h]) * h
-      return {"z": control.recompute_grad(block, [t["x"]]) if recompute
-              else block(t["x"])}
-    return fn
-  plain, again = _runs_without_and_with_recompute(monkeypatch, model)
-  np.testing.assert_allclose(again.outputs["z"], plain.outputs["z"])
-  for n in ("x", "w"):
-    np.testing.assert_allclose(again.grads[n], plain.grads[n], rtol=1e-6)
+  def block(t):
+    def f(x):
+      h = mtf.einsum([x, t["w"]], output_shape=[BATCH, H2])
+      # The product's gradient reads the recomputed tanh.
+      return control.custom_gradient(mtf.tanh, tanh_grad_fn, [h]) * h
+    return f
+  # Same values and gradients (checked in the helper).
+  plain, again = _runs_without_and_with_recompute(monkeypatch, block)
   # The forward's tanh, and one recomputed copy (not two).
   assert (plain.tanh_count, again.tanh_count) == (1, 2)
   ops = again.graph.operations

@@ -20,6 +20,16 @@ def _names(groups):
           for g in groups if len(g) > 1]
 
 
+def _recomputed_tails(ops, gl):
+  """fusion's {tensor: what its readers read instead} for ops."""
+  readers = {}
+  for op in ops:
+    for t in op.inputs:
+      readers.setdefault(t, []).append(op)
+  # pylint: disable=protected-access
+  return fusion._recomputed_tails(ops, fusion._Fusions(ops, gl), readers, gl)
+
+
 def _graph(build, mesh_shape="all:1", layout=""):
   graph = mtf.Graph()
   out = build(mtf.Mesh(graph, "m"))
@@ -167,12 +177,7 @@ def test_an_effectively_unary_producer_is_recomputed_not_written():
     return mtf.softmax(x, reduced_dim=mtf.Dimension("m", 128))
   graph, gl, _ = _graph(build)
   ops = list(lowering_lib.all_operations(graph.operations))
-  f = fusion._Fusions(ops, gl)  # pylint: disable=protected-access
-  readers = {}
-  for op in ops:
-    for t in op.inputs:
-      readers.setdefault(t, []).append(op)
-  recomputed = fusion._recomputed_tails(ops, f, readers, gl)  # pylint: disable=protected-access
+  recomputed = _recomputed_tails(ops, gl)
   add = [op for op in ops if op.name == "add"][0]
   assert set(recomputed) == {add.outputs[0]}
   assert {t.operation.name for t in recomputed[add.outputs[0]]} == {
@@ -198,12 +203,7 @@ def test_a_producer_of_two_full_size_operands_is_written_once():
         "d", 128)), reduced_dim=mtf.Dimension("d", 128))
   graph, gl, _ = _graph(build)
   ops = list(lowering_lib.all_operations(graph.operations))
-  f = fusion._Fusions(ops, gl)  # pylint: disable=protected-access
-  readers = {}
-  for op in ops:
-    for t in op.inputs:
-      readers.setdefault(t, []).append(op)
-  assert not fusion._recomputed_tails(ops, f, readers, gl)  # pylint: disable=protected-access
+  assert not _recomputed_tails(ops, gl)
 
 
 def test_a_loops_sums_cost_a_read_and_write_of_the_accumulator_per_iteration():
