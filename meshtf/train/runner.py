@@ -78,6 +78,26 @@ def check_checkpoint(config, model_dir, mode, found=None, graph=None):
   return found
 
 
+def _starting_checkpoint(config, model_dir, mode, graph, mesh_layout):
+  """model_dir's newest intact checkpoint (checked against the model), or,
+  when model_dir has none and config.init_checkpoint is set, the
+  init_checkpoint.RestorePlan of that checkpoint; with finetune_steps the
+  run's last step (config.train_steps) becomes its step + finetune_steps."""
+  from meshtf.train import checkpoint
+  from meshtf.train import experiment
+  from meshtf.train import init_checkpoint
+  plan = None
+  if config.init_checkpoint and not checkpoint.CheckpointManager(
+      model_dir).checkpoints():
+    found = plan = init_checkpoint.plan_restore(
+        config, graph, experiment.build_model(config, None, mesh_layout))
+  else:
+    found = check_checkpoint(config, model_dir, mode, graph=graph)
+  if config.finetune_steps:
+    config.train_steps = init_checkpoint.finetune_target(config, plan)
+  return found
+
+
 def _check_config_matches(config, model_dir, source):
   """A config whose model differs from the one model_dir's checkpoints
   were trained with is refused, naming the fields."""
@@ -159,7 +179,7 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   if mode in ("plan", "sweep"):   # no checkpoint: the config alone
     return mesh_layout, None, None
   _check_config_matches(config, model_dir, source)
-  found = check_checkpoint(config, model_dir, mode, graph=graph)
+  found = _starting_checkpoint(config, model_dir, mode, graph, mesh_layout)
   problems = workers_lib.problems(config, mesh_layout, workers, mode)
   if problems:
     raise config_lib.ConfigError(problems)
@@ -242,8 +262,8 @@ def _report_damaged(found, may_move, warn):
   """One warning line per damaged checkpoint skipped; the lock holder
   moves each out of the way (kept as damaged-ckpt-<step>)."""
   from meshtf.train import checkpoint
-  if found is None:
-    return
+  if not isinstance(found, checkpoint.IntactCheckpoint):
+    return   # None, or an init_checkpoint's RestorePlan
   for path, why in found.damaged:
     moved = ""
     if may_move:
