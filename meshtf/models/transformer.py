@@ -344,15 +344,16 @@ class Unitransformer(object):
     num_tokens, loss_sum, correct_sum = mtf.reduce_together([
         mtf.reduce_sum(weights), mtf.reduce_sum(per_token * weights),
         mtf.reduce_sum(correct * weights)])
-    denominator = (self.loss_denominator if self.loss_denominator
-                   else mtf.maximum(num_tokens, 1.0))
-    token_loss = loss_sum / denominator
+    token_loss = loss_sum / mtf.maximum(num_tokens, 1.0)
+    # The objective: the mean over tokens, or Mesh TF's fixed denominator
+    # (T5: batch x length), which weighs every token of a step alike.
+    loss = (loss_sum * (1.0 / self.loss_denominator) if self.loss_denominator
+            else token_loss)
     metrics = {
         "token_loss": token_loss,
         "accuracy": correct_sum / mtf.maximum(num_tokens, 1.0),
         "num_tokens": num_tokens,
     }
-    loss = token_loss
     if context.losses:
       extra = mtf.add_n([mtf.cast(l, tf.float32) for l in context.losses])
       metrics["extra_loss"] = extra

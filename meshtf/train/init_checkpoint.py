@@ -84,6 +84,7 @@ class RestorePlan(object):
   def __init__(self, path, kind, prefix, step):
     self.path, self.kind, self.prefix, self.step = path, kind, prefix, step
     self.sources = {}            # meshtf variable -> SliceSource
+    self.shapes = {"global_step": []}   # meshtf variable -> its shape
     self.weights = [0, 0]        # restored, of the model's
     self.slots = [0, 0]          # restored, of the optimizer's
     self.missing = []            # weights initialized fresh
@@ -95,6 +96,12 @@ class RestorePlan(object):
   def restore_into(self, store):
     """Hands the slice sources to a VariableStore (read when created)."""
     store.restore_sources(self.sources)
+
+  def full_values(self):
+    """{name: full numpy value} of every restored variable (to write the
+    checkpoint in another format)."""
+    return {n: src(np.zeros(len(self.shapes[n]), np.int64), self.shapes[n])
+            for n, src in self.sources.items()}
 
   def lines(self):
     """The header's restore block."""
@@ -185,6 +192,7 @@ def plan_restore(config, graph, model, path=None):
       plan.conversions[(dtype.name, v.dtype.name)] += 1
     plan.sources[v.name] = mtf_ckpt.SliceSource(prefix, hit, shape, dtype,
                                                 dims, v.dtype)
+    plan.shapes[v.name] = [s for _, s in dims]
   if step is not None:
     plan.sources["global_step"] = lambda begin, sizes: np.asarray(
         step, np.int64)

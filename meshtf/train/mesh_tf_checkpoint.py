@@ -340,6 +340,31 @@ def write(directory, step, tensors):
   return os.path.join(directory, name)
 
 
+def export(config, directory, step, values):
+  """Writes a meshtf checkpoint's values {name: full numpy value} (of the
+  config's model) as a Mesh TF checkpoint `directory/model.ckpt-<step>`:
+  Mesh TF's names and combined shapes, the weights in config.export_dtype,
+  the optimizer's slots (Mesh TF's factored shapes, float32) and
+  global_step. Returns the prefix.
+
+  Example:
+    >>> export(config, "/tmp/ft/mesh_tf", 1001000, found.values)
+    '/tmp/ft/mesh_tf/model.ckpt-1001000'
+  """
+  from meshtf.train import experiment
+  graph, _ = experiment.build_training_graph(config)
+  shapes = {v.name: [(d.name, d.size) for d in v.shape.dims]
+            for v in graph.all_variables}
+  names = NameMap(experiment.build_model(config), config.optimizer,
+                  config.export_norm_names)
+  tensors = to_mesh_tf_tensors(
+      {n: v for n, v in values.items() if n in shapes}, shapes, names,
+      {v.name for v in graph.trainable_variables},
+      tf.as_dtype(config.export_dtype))
+  tensors.pop(STEP, None)
+  return write(directory, step, tensors)
+
+
 __all__ = ["resolve", "read_entries", "read_step", "mesh_tf_shape",
            "combined_axis", "NameMap", "SliceSource", "to_mesh_tf_tensors",
-           "write", "STEP"]
+           "write", "export", "STEP"]

@@ -27,6 +27,7 @@ from meshtf.train import stopping
 from meshtf.train import training_loop
 
 EXPORT_DIR = "export"
+MESH_TF_EXPORT_DIR = "mesh_tf"   # --config.export_format=mesh_tf
 UsageError = errors.UsageError
 
 
@@ -95,6 +96,13 @@ def _starting_checkpoint(config, model_dir, mode, graph, mesh_layout):
     found = check_checkpoint(config, model_dir, mode, graph=graph)
   if config.finetune_steps:
     config.train_steps = init_checkpoint.finetune_target(config, plan)
+  elif plan is not None and mode == "train" and plan.step is not None and (
+      plan.step >= config.train_steps):
+    raise UsageError(
+        "init_checkpoint is at step %d but train_steps is %d, so there is "
+        "nothing to train (train_steps is the last step, not a count): set "
+        "--config.finetune_steps=N to train N steps past it, or --train_steps"
+        " above %d" % (plan.step, config.train_steps, plan.step))
   return found
 
 
@@ -317,7 +325,24 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
 
 
 def export(config, model_dir, log, found=None):
-  """See meshtf/train/export.py."""
+  """See meshtf/train/export.py (export_format saved_model) and
+  mesh_tf_checkpoint.export (mesh_tf)."""
+  if config.export_format == "mesh_tf":
+    from meshtf.train import checkpoint
+    from meshtf.train import init_checkpoint
+    from meshtf.train import mesh_tf_checkpoint
+    found = found or checkpoint.CheckpointManager(
+        model_dir).read_newest_intact()
+    values = (found.full_values()
+              if isinstance(found, init_checkpoint.RestorePlan)
+              else found.values)
+    prefix = mesh_tf_checkpoint.export(
+        config, os.path.join(model_dir, MESH_TF_EXPORT_DIR), found.step,
+        values)
+    log("exported a Mesh TF checkpoint: %s (%s weights; restore it with "
+        "Mesh TF's tf.train.Saver or t5_mesh_transformer --model_dir=%s)" % (
+            prefix, config.export_dtype, os.path.dirname(prefix)))
+    return {"path": prefix}
   from meshtf.train import export as export_lib
   path = export_lib.export(config, model_dir, os.path.join(model_dir,
                                                            EXPORT_DIR),

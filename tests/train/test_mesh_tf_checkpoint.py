@@ -16,29 +16,11 @@ import pytest
 import tensorflow as tf
 
 import meshtf as mtf
-from meshtf.train import config as config_lib
+import t5_tiny
 from meshtf.train import experiment
 from meshtf.train import init_checkpoint
 from meshtf.train import mesh_tf_checkpoint as mtf_ckpt
 from meshtf.train.errors import UsageError
-
-
-def t5_tiny_config(**overrides):
-  """A tiny T5.1.1-shaped bitransformer config (what t2t_configs/t5.py's
-  sizes set, at toy dims)."""
-  c = config_lib.default_config()
-  c.update(dict(
-      model_type="bitransformer", vocab_size=40, vocab_divisor=8, d_model=16,
-      num_layers=2, num_heads=2, d_kv=4, d_ff=24, length=8, batch_size=4,
-      gated=True, activation="gelu", positional_embedding="none",
-      relative_attention="bias_shared", mask_padding=True,
-      optimizer="adafactor", adafactor_factor_dims_together="heads,d_kv",
-      adafactor_min_dim_size_to_factor=8,
-      mesh_shape="all:1", layout=""))
-  c.moe.num_experts = 0
-  for k, v in overrides.items():
-    c[k] = v
-  return c
 
 
 def _graph_values(config, seed=0):
@@ -68,7 +50,7 @@ def _export(tmp_path, config, graph, values, dtype=tf.float32,
 
 
 def test_the_name_table_is_mesh_tfs():
-  config = t5_tiny_config()
+  config = t5_tiny.config()
   names = mtf_ckpt.NameMap(experiment.build_model(config), "adafactor")
   table = {
       "shared/embedding": "shared/embedding",
@@ -102,7 +84,7 @@ def test_the_name_table_is_mesh_tfs():
 
 @pytest.mark.parametrize("norm_name", ["rms_norm", "layer_norm"])
 def test_written_checkpoint_reads_back_slice_by_slice(tmp_path, norm_name):
-  config = t5_tiny_config(init_optimizer=True)
+  config = t5_tiny.config(init_optimizer=True)
   graph, values = _graph_values(config)
   prefix, model = _export(tmp_path, config, graph, values,
                           norm_name=norm_name)
@@ -138,7 +120,7 @@ def test_written_checkpoint_reads_back_slice_by_slice(tmp_path, norm_name):
 
 
 def test_bfloat16_checkpoint_converts_and_is_said(tmp_path):
-  config = t5_tiny_config()
+  config = t5_tiny.config()
   graph, values = _graph_values(config)
   prefix, model = _export(tmp_path, config, graph, values, tf.bfloat16)
   plan = init_checkpoint.plan_restore(config, graph, model, prefix)
@@ -161,10 +143,10 @@ def test_bfloat16_checkpoint_converts_and_is_said(tmp_path):
 def test_a_missing_weight_is_fresh_and_said(tmp_path):
   """A T5.1.1 checkpoint into a model with one more layer of each stack:
   the new layers' weights start fresh, each named."""
-  config = t5_tiny_config()
+  config = t5_tiny.config()
   graph, values = _graph_values(config)
   prefix, _ = _export(tmp_path, config, graph, values)
-  deeper = t5_tiny_config(num_layers=3)
+  deeper = t5_tiny.config(num_layers=3)
   graph3, _ = experiment.build_training_graph(deeper)
   plan = init_checkpoint.plan_restore(
       deeper, graph3, experiment.build_model(deeper), prefix)
@@ -175,7 +157,7 @@ def test_a_missing_weight_is_fresh_and_said(tmp_path):
 
 
 def test_bad_init_checkpoints_are_one_line(tmp_path):
-  config = t5_tiny_config()
+  config = t5_tiny.config()
   graph, values = _graph_values(config)
   prefix, model = _export(tmp_path, config, graph, values)
   not_ckpt = tmp_path / "notes.txt"
@@ -188,7 +170,7 @@ def test_bad_init_checkpoints_are_one_line(tmp_path):
   for path, words in cases:
     with pytest.raises(UsageError, match=words):
       init_checkpoint.plan_restore(config, graph, model, path)
-  wider = t5_tiny_config(d_model=24)
+  wider = t5_tiny.config(d_model=24)
   graph24, _ = experiment.build_training_graph(wider)
   with pytest.raises(UsageError) as e:
     init_checkpoint.plan_restore(wider, graph24,
