@@ -21,8 +21,10 @@ Modes of the child (`python -I tests/compat/mesh_tf_t5.py MODE ...`):
          a given batch (.npz with int32 `inputs` [batch, inputs_length] and
          `targets` [batch, targets_length]).
 From pytest use make_fixture() / score_checkpoint() (below); they run the
-child with a clean environment, cache by arguments within the session, and
-raise with the child's stderr tail if it fails.
+child with a clean environment and raise with the child's stderr tail if it
+fails. make_fixture caches by arguments (and this code's digest) on disk, in
+default_workdir() unless told otherwise, so every test process of a machine
+shares one make per config.
 
 Variants (override any field with make_fixture(..., field=value)):
   "t5.1.1": DenseReluDense activation ["gelu", "linear"] (Mesh TF's gelu is
@@ -132,7 +134,7 @@ Outputs in the fixture directory:
     learning_rate / decay_rate used by the step, losses, timings.
 
 Example:
-  >>> fx = make_fixture(tmp_path, "t5.1.1", "rms_norm", "bfloat16")  # doctest: +SKIP
+  >>> fx = make_fixture(None, "t5.1.1", "rms_norm", "bfloat16")  # doctest: +SKIP
   >>> ref = np.load(fx["files"]["reference"])                        # doctest: +SKIP
   >>> ref["logits"].shape                                            # doctest: +SKIP
   (4, 20, 128)
@@ -140,12 +142,16 @@ Example:
   ...                        fx["files"]["batch"], **fx["config"])
 """
 import argparse
+import fcntl
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -254,12 +260,43 @@ def _run_child(args, timeout):
   return proc
 
 
-def make_fixture(workdir, variant="t5.1.1", norm_names="rms_norm",
+def default_workdir():
+  """Where make_fixture(None, ...) keeps fixtures: one directory per user
+  under the system's temp directory, shared by test processes (xdist
+  workers, test files) so that each fixture is made once per machine.
+
+  Example:
+    >>> os.path.basename(default_workdir()).startswith("mesh_tf_t5-")
+    True
+  """
+  return os.path.join(tempfile.gettempdir(), "mesh_tf_t5-%d" % os.getuid())
+
+
+def _code_digest():
+  """What a fixture depends on besides its config: this file, the
+  stand-ins and the versions of Mesh TF, TF, gin and Python."""
+  digest = hashlib.sha1(sys.version.encode())
+  for name in ("mesh_tf_t5.py", "mesh_tf_imports.py"):
+    with open(os.path.join(HERE, name), "rb") as f:
+      digest.update(f.read())
+  for dist in ("mesh-tensorflow", "tensorflow", "gin-config", "numpy"):
+    try:
+      digest.update(("%s=%s" % (dist, importlib.metadata.version(dist))
+                     ).encode())
+    except importlib.metadata.PackageNotFoundError:
+      digest.update(dist.encode())
+  return digest.hexdigest()
+
+
+def make_fixture(workdir=None, variant="t5.1.1", norm_names="rms_norm",
                  master_dtype="bfloat16", timeout=300, **overrides):
-  """Makes (or returns the cached) fixture for these arguments.
+  """Makes (or returns the already made) fixture for these arguments.
 
   Args:
-    workdir: a directory; the fixture goes to workdir/<variant>-<hash>/.
+    workdir: a directory, or None for default_workdir(); the fixture goes
+      to workdir/<variant>-<hash of the config and _code_digest()>/ and is
+      reused from there when complete (its manifest.json is written last;
+      a file lock keeps concurrent test processes from making it twice).
     variant: "t5.1.1" or "t5.1.0".
     norm_names: "rms_norm" or "layer_norm" (legacy names).
     master_dtype: "bfloat16" or "float32" (the checkpoint's weights).
@@ -275,22 +312,28 @@ def make_fixture(workdir, variant="t5.1.1", norm_names="rms_norm",
     (learning_rate, decay_rate, ...), "losses", "seconds".
 
   Example:
-    >>> fx = make_fixture(tmp_path, "t5.1.0", "layer_norm")  # doctest: +SKIP
+    >>> fx = make_fixture(None, "t5.1.0", "layer_norm")  # doctest: +SKIP
     >>> fx["checkpoint_variables"][fx["checkpoint"]]["global_step"]  # doctest: +SKIP
     [[], 'int64']
   """
   _skip_unless_installed()
   config = resolve_config(variant, norm_names, master_dtype, **overrides)
   key = json.dumps(config, sort_keys=True)
-  if key in _CACHE:
-    return _CACHE[key]
-  digest = hashlib.sha1(key.encode()).hexdigest()[:10]
-  out = os.path.join(os.fspath(workdir), "%s-%s" % (variant, digest))
-  os.makedirs(out, exist_ok=True)
-  _run_child(["make", "--config", key, "--out", out], timeout)
-  with open(os.path.join(out, "manifest.json")) as f:
-    manifest = json.load(f)
-  _CACHE[key] = manifest
+  workdir = os.path.abspath(os.fspath(workdir or default_workdir()))
+  digest = hashlib.sha1((key + _code_digest()).encode()).hexdigest()[:12]
+  out = os.path.join(workdir, "%s-%s" % (variant, digest))
+  if out in _CACHE:
+    return _CACHE[out]
+  os.makedirs(workdir, exist_ok=True)
+  manifest_path = os.path.join(out, "manifest.json")
+  with open(out + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)   # released when the file closes
+    if not os.path.exists(manifest_path):
+      shutil.rmtree(out, ignore_errors=True)   # an interrupted make's rest
+      _run_child(["make", "--config", key, "--out", out], timeout)
+    with open(manifest_path) as f:
+      manifest = json.load(f)
+  _CACHE[out] = manifest
   return manifest
 
 
@@ -565,10 +608,11 @@ class _Model(object):
       # Read inside the step's Session.run: Adafactor's own tensors.
       self.learning_rate = tf.cast(optimizer._learning_rate, tf.float32)  # pylint: disable=protected-access
       self.decay_rate = tf.cast(optimizer._decay_rate, tf.float32)  # pylint: disable=protected-access
-      # Mesh TF's utils.py groups this with the update ops (no control
-      # dependency between them); the fixture runs it after the update, so
-      # the step's learning and decay rates are those of step N.
-      self.increment = tf.assign_add(self.global_step, 1)
+      # Mesh TF's utils.py groups this with the update ops without a
+      # control dependency between them; here it runs after the update, so
+      # the step's learning and decay rates are always those of step N.
+      with tf.control_dependencies([self.train_op]):
+        self.train_step = tf.assign_add(self.global_step, 1)
       self.copy_masters_to_slices = lowering.copy_masters_to_slices()
       self.copy_slices_to_masters = lowering.copy_slices_to_masters()
       self.init = tf.global_variables_initializer()
@@ -610,6 +654,24 @@ def _write_npz(path, arrays):
   np.savez(path, **{k: np.asarray(v) for k, v in arrays.items()})
 
 
+def _read_batch(path):
+  """int32 inputs [B, Li] and targets [B, Lt] from an .npz; a missing or
+  misshaped array exits with one line naming the file and the array."""
+  with np.load(path) as z:
+    missing = [k for k in ("inputs", "targets") if k not in z.files]
+    if missing:
+      sys.exit("mesh_tf_t5: batch file %s lacks %s (it has %s); it needs "
+               "int32 'inputs' [batch, inputs_length] and 'targets' [batch, "
+               "targets_length]" % (path, missing, z.files))
+    batch = {k: z[k] for k in ("inputs", "targets")}
+  for k, v in batch.items():
+    if v.ndim != 2 or v.shape[0] != batch["inputs"].shape[0]:
+      sys.exit("mesh_tf_t5: batch file %s: %s has shape %s; inputs and "
+               "targets need shape [batch, length] with the same batch"
+               % (path, k, list(v.shape)))
+  return {k: v.astype(np.int32) for k, v in batch.items()}
+
+
 def _child_main(argv):
   start = time.time()
   parser = argparse.ArgumentParser()
@@ -620,6 +682,19 @@ def _child_main(argv):
   parser.add_argument("--batch")
   args = parser.parse_args(argv)
   config = json.loads(args.config)
+  out = args.out
+  os.makedirs(out, exist_ok=True)
+  files = {k: os.path.join(out, v) for k, v in (
+      ("batch", "batch.npz"), ("reference", "reference.npz"),
+      ("step", "step.npz"), ("operative_config", "operative_config.gin"),
+      ("manifest", "manifest.json"))}
+  if args.mode == "make":
+    batch = fixed_batch(config)
+    _write_npz(files["batch"], batch)
+  else:   # read before TF starts: a bad batch file fails in a second
+    batch = _read_batch(args.batch)
+    files["batch"] = args.batch
+    del files["step"]
   imports = _load_imports_module()
   imports.block_meshtf()
   import gin  # pylint: disable=g-import-not-at-top
@@ -634,20 +709,7 @@ def _child_main(argv):
   tf.enable_resource_variables()
   tf.logging.set_verbosity(tf.logging.ERROR)
   mtf, transformer, _, optimize = imports.import_mesh_tf()
-  out = args.out
-  os.makedirs(out, exist_ok=True)
-  files = {k: os.path.join(out, v) for k, v in (
-      ("batch", "batch.npz"), ("reference", "reference.npz"),
-      ("step", "step.npz"), ("operative_config", "operative_config.gin"),
-      ("manifest", "manifest.json"))}
-  if args.mode == "make":
-    batch = fixed_batch(config)
-    _write_npz(files["batch"], batch)
-  else:
-    with np.load(args.batch) as z:
-      batch = {k: z[k].astype(np.int32) for k in ("inputs", "targets")}
-    files["batch"] = args.batch
-    del files["step"]
+  imported = time.time()
   shapes = {k: list(v.shape) for k, v in batch.items()}
   model = _Model(config, shapes, mtf, transformer, optimize, tf, gin,
                  with_optimizer=(args.mode == "make"))
@@ -671,8 +733,7 @@ def _child_main(argv):
       sess.run(model.copy_masters_to_slices)
       sess.run(model.global_step.assign(step - config["warmup_steps"]))
       for _ in range(config["warmup_steps"]):
-        sess.run(model.train_op, feed)
-        sess.run(model.increment)
+        sess.run(model.train_step, feed)
       checkpoint = model.save(sess, prefix, step)
   else:
     checkpoint = args.checkpoint
@@ -693,9 +754,8 @@ def _child_main(argv):
     if args.mode == "make":
       before = sess.run(model.slices)
       _, lr, decay, loss = sess.run(
-          [model.train_op, model.learning_rate, model.decay_rate,
+          [model.train_step, model.learning_rate, model.decay_rate,
            model.outputs["loss_train"]], feed)
-      sess.run(model.increment)
       after = sess.run(model.slices)
       checkpoint_after = model.save(sess, prefix, step + 1)
       arrays = {"before/" + k: v for k, v in before.items()}
@@ -715,7 +775,8 @@ def _child_main(argv):
           "epsilon1": 1e-30, "epsilon2": 1e-3,
           "slots": sorted(v.name for v in model.variables
                           if "_slot_" in v.name)}
-  manifest["seconds"] = {"build": round(built - start, 2),
+  manifest["seconds"] = {"import": round(imported - start, 2),
+                         "build": round(built - imported, 2),
                          "total": round(time.time() - start, 2)}
   with open(files["manifest"], "w") as f:
     json.dump(manifest, f, indent=1, sort_keys=True)
