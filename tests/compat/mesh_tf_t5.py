@@ -4,9 +4,11 @@ A tiny T5-shaped Bitransformer built by the installed `mesh-tensorflow`
 package (its ops.py, placement lowering, layers.py, optimize.py and
 transformer/{transformer,transformer_layers,attention}.py, configured with
 gin as T5 configures it), run in TF1 graph mode (tf.compat.v1 Graph +
-Session) in a child process in which `import meshtf` fails
-(mesh_tf_imports.block_meshtf) and meshtf.compat is never installed. The
-import stand-ins it needs on TF 2.21 are in tests/compat/mesh_tf_imports.py.
+Session, resource variables) in a child process in which `import meshtf`
+fails (mesh_tf_imports.block_meshtf) and meshtf.compat is never installed.
+The import stand-ins it needs on TF 2.21 are in mesh_tf_imports.py.
+tests/compat/README.md has the exact variable lists, the loss definitions
+and what Mesh TF's code does that a re-implementation may not expect.
 
 Modes of the child (`python -I tests/compat/mesh_tf_t5.py MODE ...`):
   make   builds the model, initializes it (graph seed `seed`), puts the
@@ -26,119 +28,51 @@ fails. make_fixture caches by arguments (and this code's digest) on disk, in
 default_workdir() unless told otherwise, so every test process of a machine
 shares one make per config.
 
-Variants (override any field with make_fixture(..., field=value)):
-  "t5.1.1": DenseReluDense activation ["gelu", "linear"] (Mesh TF's gelu is
-            the tanh approximation) -> wi_0 (gelu) * wi_1 (linear), untied
-            logits decoder/logits/kernel, dropout 0, d_kv 8 (heads*d_kv=16),
-            d_ff 48.
-  "t5.1.0": ReLU DenseReluDense (wi, wo), tied embedding (logits =
-            (h * d_model**-0.5) . shared/embedding), dropout_rate 0.1 in the
-            gin config (train mode only; eval / decode have none, and the
-            fixture's Adafactor steps rebind it to 0 so that they are
+Variants (override any field of DEFAULTS with make_fixture(..., f=value)):
+  "t5.1.1": DenseReluDense activation ["gelu", "linear"] -> wi_0 (gelu) *
+            wi_1 (linear), untied decoder/logits/kernel, dropout 0, d_kv 8
+            (heads*d_kv 16), d_ff 48.
+  "t5.1.0": ReLU (wi, wo), tied embedding (logits = (h * d_model**-0.5) .
+            shared/embedding), dropout_rate 0.1 in the gin config (train mode
+            only; the fixture's steps rebind it to 0 so that they are
             deterministic), d_kv 16 (heads*d_kv = d_model = 32: equal dims, as
-            in T5.1.0 base's [768, 768], so Adafactor's tie order matters),
-            d_ff 64.
-  Both: d_model 32, 2 heads, 2 encoder + 2 decoder blocks, vocab_size 120
-  padded by Mesh TF to 128 (vocab_divisor 128, like 32,100 -> 32,128), RMS
-  norm (epsilon 1e-6) without bias, no dense biases, no positional
-  embedding, "bias_shared" relative attention bias (32 buckets; max_distance
-  128 is hard-coded in Mesh TF's _relative_position_bucket), shared
-  embedding "shared/embedding", inputs_length 16 (encoder log-spaced
-  buckets start at |distance| 8), targets_length 20 (decoder ones at 16).
-  norm_names="rms_norm": LayerStack sublayers sublayer_rms_norm (names
-    .../layer_NNN/rms_norm/scale, {encoder,decoder}/rms_norm/scale);
-  norm_names="layer_norm": LayerStack's legacy mode (LayerStack.dropout_rate
-    and .norm_epsilon set), whose sublayer_legacy_rms_norm /
-    sublayer_legacy_final_rms_norm name them .../layer_NNN/layer_norm/scale
-    and {encoder,decoder}/final_layer_norm/scale (released T5.1.0 names).
-  relative_attention="bias_shared" (T5): one [heads, 32] table per stack,
-    created by the first SelfAttention that asks (encoder/block_000/
-    layer_000/SelfAttention/relative_attention_bias and decoder/...) and
-    reused through Context.cache; "bias": one per SelfAttention layer.
-  EncDecAttention has no relative bias (its __init__ defaults it to None).
-  master_dtype "bfloat16" (Mesh TF's utils.get_variable_dtype default) or
-  "float32"; slices (what training updates) are float32, activations
-  `activation_dtype` (float32 by default; T5 on TPU used bfloat16).
+            in T5.1.0 base, so Adafactor's tie order matters), d_ff 64.
+  Both: d_model 32, 2 heads, 2 + 2 blocks, vocab 120 padded to 128, RMS norm
+  without bias, no dense biases, no positional embedding, "bias_shared"
+  relative attention (32 buckets, max_distance 128), shared embedding;
+  norm_names "rms_norm" (LayerStack sublayers) or "layer_norm" (LayerStack's
+  legacy mode: layer_norm / final_layer_norm); master_dtype "bfloat16" or
+  "float32" (slices float32); relative_attention "bias_shared" or "bias".
 
-Checkpoint names (NNN = block, 3 digits; D = d_model 32, H = heads * d_kv,
-V = 128, F = d_ff, dtype = master_dtype unless said):
+Checkpoint names (NNN = block; D = d_model, H = heads * d_kv, V = 128,
+F = d_ff; master dtype unless said):
   shared/embedding                                        [V, D]
-  encoder/block_NNN/layer_000/SelfAttention/{q,k,v}       [D, H]
-  encoder/block_NNN/layer_000/SelfAttention/o             [H, D]
-  encoder/block_000/layer_000/SelfAttention/relative_attention_bias [2, 32]
-  encoder/block_NNN/layer_001/DenseReluDense/wi/kernel    [D, F]  (t5.1.0)
-  encoder/block_NNN/layer_001/DenseReluDense/wi_0/kernel  [D, F]  (t5.1.1)
-  encoder/block_NNN/layer_001/DenseReluDense/wi_1/kernel  [D, F]  (t5.1.1)
-  encoder/block_NNN/layer_001/DenseReluDense/wo/kernel    [F, D]
-  encoder/block_NNN/layer_LLL/rms_norm/scale              [D]  (L = 000, 001)
-  encoder/rms_norm/scale                                  [D]
-  decoder/block_NNN/layer_000/SelfAttention/{q,k,v,o}     as in the encoder
-  decoder/block_000/layer_000/SelfAttention/relative_attention_bias [2, 32]
-  decoder/block_NNN/layer_001/EncDecAttention/{q,k,v,o}   as SelfAttention
-  decoder/block_NNN/layer_002/DenseReluDense/...          as in the encoder
-  decoder/block_NNN/layer_LLL/rms_norm/scale              [D]  (L = 000..002)
-  decoder/rms_norm/scale                                  [D]
-  decoder/logits/kernel                                   [D, V]  (t5.1.1)
-  global_step                                             [] int64
-  (layer_norm names: .../layer_LLL/layer_norm/scale and
-   {encoder,decoder}/final_layer_norm/scale instead of the rms_norm ones.)
-  Adafactor slots (float32; from model.ckpt-STEP on): for each weight W, if
-  it has >= 2 dims and its second-largest dim >= min_dim_size_to_factor (8
-  here, 128 in Mesh TF / T5): W_slot_vr = W's shape without its largest dim,
-  W_slot_vc = without its second-largest (dims sorted by size, ties kept in
-  declaration order: q [d_model 32, heads 32] -> vr [heads 32], vc
-  [d_model 32]); otherwise W_slot_v, W's shape (norm scales [D]; the
-  relative bias [2, 32], whose second dim 2 < 8). No _slot_m (beta1 = 0).
+  {encoder,decoder}/block_NNN/layer_000/SelfAttention/{q,k,v} [D, H], o [H, D]
+  {encoder,decoder}/block_000/layer_000/SelfAttention/relative_attention_bias
+                                                          [heads, 32]
+  decoder/block_NNN/layer_001/EncDecAttention/{q,k,v} [D, H], o [H, D]
+  .../DenseReluDense/wi/kernel (t5.1.0) or wi_0, wi_1 (t5.1.1) [D, F],
+  .../DenseReluDense/wo/kernel [F, D]  (encoder layer_001, decoder layer_002)
+  .../block_NNN/layer_LLL/rms_norm/scale and {encoder,decoder}/rms_norm/scale
+  [D] (layer_norm names: layer_LLL/layer_norm/scale, final_layer_norm/scale)
+  decoder/logits/kernel [D, V] (t5.1.1); global_step [] int64
+  Adafactor slots (float32): W_slot_vr / W_slot_vc (W without its largest /
+  second-largest dim; ties in declaration order) when W has >= 2 dims and the
+  second-largest is >= min_dim_size_to_factor (8 here, 128 in T5), else
+  W_slot_v; no _slot_m (beta1 0).
 
-Outputs in the fixture directory:
-  model.ckpt-STEP.{index,data-00000-of-00002,data-00001-of-00002,meta},
-    model.ckpt-(STEP+1).*, checkpoint (relative paths), written by
-    tf.compat.v1.train.Saver(sharded=True, save_relative_paths=True,
-    defer_build=False) as Mesh TF's utils.py does, after
-    lowering.copy_slices_to_masters(). Two shards, as in released T5
-    checkpoints: the sharded Saver writes one per device, and Mesh TF puts
-    every master variable (and slot) on "cpu:0" (Mesh.variable_placer_fn),
-    global_step on the default device (shard 00000, 8 bytes).
-  operative_config.gin: gin.operative_config_str() of the run, then a block
-    the fixture writes for utils.py's settings (not imported).
-  batch.npz: inputs [4, 16], targets [4, 20] int32; EOS 1 ends each row's
-    tokens, 0 pads (row 0 is full, no padding); tokens in [2, vocab_size).
-  reference.npz (the restored model.ckpt-STEP on batch.npz):
-    logits [B, Lt, V] float32, eval mode. Padded target positions are
-      exactly 0: LayerStack zeroes padding (sublayer_mask_padding) after the
-      final norm, and logits have no bias.
-    loss_eval: Mesh TF's loss in eval mode = sum_t CE_t * (targets_t > 0) /
-      denominator, CE with one-hot targets (label_smoothing 0) and no z-loss
-      (Unitransformer._compute_loss uses z_loss only if context.train).
-    loss_train: the loss the Adafactor step differentiates: train mode,
-      dropout 0, = sum_t (CE_t + z_loss * log_z_t**2) * (targets_t > 0) /
-      denominator. denominator = loss_denominator if set, else
-      Unitransformer.loss_denominator's default float(targets.shape.size) =
-      batch * targets_length, padding included (T5's default).
-    cross_entropy [B, Lt]: per-token CE (utils.py's score mode: masked by
-      targets > 0); log_z [B, Lt]: logsumexp of the logits; scores [B] =
-      -sum_t cross_entropy (utils.py's score-mode score).
-    decode [B, L] int32: Bitransformer.decode (beam 1, temperature 0 =
-      argmax), L = inputs_length (Mesh TF decodes as long as the inputs
-      unless max_decode_length). Raw: a row that emitted EOS keeps being
-      extended until every row has (or L is reached). decode_clean: what
-      utils.clean_decodes keeps (everything after the first EOS -> 0).
-      The first decoder input is 0 (ids[position - 1] gathered by one-hot
-      at position -1 is 0; bos_id 0).
-    grad/<name>: d loss_train / d weight (float32) for every weight.
-  step.npz: before/<name> and after/<name> (float32) for every weight and
-    slot: before = the restored model.ckpt-STEP (weights = bf16 values when
-    master is bfloat16; slots float32), after = the float32 slices after one
-    step; model.ckpt-(STEP+1) holds after cast to master_dtype.
-  manifest.json: the config, files, the checkpoints' names/shapes/dtypes,
-    learning_rate / decay_rate used by the step, losses, timings.
+Files: model.ckpt-{STEP,STEP+1}.{index,meta,data-0000{0,1}-of-00002},
+checkpoint, operative_config.gin, batch.npz (inputs [4, 16], targets
+[4, 20]), reference.npz (logits, loss_eval, loss_train, cross_entropy,
+log_z, scores, decode, decode_clean, grad/<weight>), step.npz (before/<name>,
+after/<name> for weights and slots), manifest.json.
 
 Example:
   >>> fx = make_fixture(None, "t5.1.1", "rms_norm", "bfloat16")  # doctest: +SKIP
-  >>> ref = np.load(fx["files"]["reference"])                        # doctest: +SKIP
-  >>> ref["logits"].shape                                            # doctest: +SKIP
+  >>> ref = np.load(fx["files"]["reference"])                    # doctest: +SKIP
+  >>> ref["logits"].shape                                        # doctest: +SKIP
   (4, 20, 128)
-  >>> out = score_checkpoint(tmp_path, fx["checkpoint"],            # doctest: +SKIP
+  >>> out = score_checkpoint(tmp_path, fx["checkpoint"],        # doctest: +SKIP
   ...                        fx["files"]["batch"], **fx["config"])
 """
 import argparse
@@ -349,8 +283,11 @@ def score_checkpoint(workdir, checkpoint, batch, variant="t5.1.1",
     batch: path of an .npz with int32 "inputs" and "targets".
     variant, norm_names, master_dtype, **overrides: as make_fixture (the
       graph's names / dtypes must match the checkpoint's: Mesh TF's Saver
-      restores every weight and global_step, and fails naming what is
-      missing). A fixture's manifest["config"] can be passed as **config.
+      restores every weight and global_step of the graph, ignores extra
+      entries such as slots, and otherwise the child fails with the Saver's
+      error and one line per variable the checkpoint lacks or holds with
+      another shape or dtype). A fixture's manifest["config"] can be passed
+      as **config.
     timeout: seconds for the child.
 
   Returns:
@@ -643,6 +580,28 @@ class _Model(object):
     return self.saver.save(sess, prefix, global_step=step)
 
 
+def _restore_failure(tf, model, checkpoint, error):
+  """One paragraph on why Mesh TF's Saver could not restore a checkpoint:
+  the graph's variables it lacks or holds with another shape / dtype."""
+  lines = ["mesh_tf_t5: Mesh TF's Saver could not restore %s into the %s "
+           "model (%s)" % (checkpoint, model.config["variant"],
+                           str(error.message).splitlines()[0][:300])]
+  try:
+    table = _checkpoint_table(tf, checkpoint)
+  except tf.errors.OpError:
+    return "\n".join(lines + ["  not a readable checkpoint prefix"])
+  with model.graph.as_default():
+    for v in tf.global_variables():
+      name, shape = v.op.name, v.shape.as_list()
+      dtype = v.dtype.base_dtype.name
+      if name not in table:
+        lines.append("  missing: %s %s %s" % (name, shape, dtype))
+      elif table[name] != [shape, dtype]:
+        lines.append("  differs: %s graph %s %s, checkpoint %s %s"
+                     % (name, shape, dtype, table[name][0], table[name][1]))
+  return "\n".join(lines[:40])
+
+
 def _checkpoint_table(tf, prefix):
   reader = tf.train.NewCheckpointReader(prefix)
   shapes = reader.get_variable_to_shape_map()
@@ -738,7 +697,10 @@ def _child_main(argv):
   else:
     checkpoint = args.checkpoint
   with model.session() as sess:   # a fresh Session: what a user restores
-    model.restore(sess, checkpoint)
+    try:
+      model.restore(sess, checkpoint)
+    except tf.errors.OpError as e:
+      sys.exit(_restore_failure(tf, model, checkpoint, e))
     restored_step = int(sess.run(model.global_step))
     outputs = sess.run(model.outputs, feed)
     outputs["decode_clean"] = clean_decodes(outputs["decode"])
