@@ -16,7 +16,7 @@ targets and divided by batch x length (Mesh TF's default).
 Fine-tuning settings (T5's): batch 128 x length 512, constant learning
 rate 0.001, dropout 0.1; the mesh is T5's model parallelism for the size on
 an 8-core slice (small 1, base 2, large / 3B / xl 8, 11B / xxl 16). A
-"tiny" size (T5.1.1-shaped, d_model 32) runs on this machine's CPUs.
+"tiny" size of each (d_model 32, 2 + 2 layers) runs on this machine's CPUs.
 
 Fine-tune a released checkpoint for 1,000 steps past its step:
 
@@ -40,6 +40,7 @@ T5_1_0 = {
     "large": (1024, 4096, 16, 64, 24, 8),
     "3B": (1024, 16384, 32, 128, 24, 8),
     "11B": (1024, 65536, 128, 128, 24, 16),
+    "tiny": (32, 64, 4, 8, 2, 2),    # not released: CPU-sized, same shape
 }
 T5_1_1 = {
     "small": (512, 1024, 6, 64, 8, 1),
