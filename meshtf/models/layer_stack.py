@@ -108,6 +108,9 @@ class LayerStack(tl.TransformerLayer):
     base = context.scope
     rate = self._dropout_rate
     x = tl.dropout(x, context, rate, name=base + "/input_dropout")
+    for i, layer in enumerate(self._layers):
+      layer.before_stack(context, "%s/layer_%03d/%s" % (base, i, layer.name))
+    context.scope = base
     if self.pipeline is not None:
       x = self.pipeline.call_layers(self, context, x)
     else:

@@ -97,20 +97,39 @@ def _relative_positions(context, memory_length_dim):
   return memory_position - position
 
 
-def _table(layer, context, heads_dim, buckets_dim):
-  """The [heads, buckets] variable: the stack's one table ("bias_shared",
-  made under the first self-attention layer's scope) or the layer's own."""
-  key = (VARIABLE, heads_dim, buckets_dim)
-  if layer.relative_attention_type == "bias_shared" and key in context.cache:
-    return context.cache[key]
+def _buckets_dim(layer):
+  return mtf.Dimension("buckets", layer.relative_attention_num_buckets)
+
+
+def _variable(context, scope, heads_dim, buckets_dim):
   table = dtypes.get_variable(
-      context.mesh, context.scope + "/" + VARIABLE,
+      context.mesh, scope + "/" + VARIABLE,
       mtf.Shape([heads_dim, buckets_dim]), dtype=context.variable_dtype,
       initializer=mtf.random_normal_initializer(
           stddev=heads_dim.size ** -0.5))
-  if layer.relative_attention_type == "bias_shared":
-    context.cache[key] = table
+  if table.dtype != context.activation_dtype:
+    table = mtf.cast(table, context.activation_dtype)
   return table
+
+
+def shared_table(layer, context, scope, heads_dim):
+  """Makes the stack's one table ("bias_shared") under scope, the first
+  self-attention layer's, once per call of the stack (LayerStack calls it
+  before any layer runs: outside the layers' recomputed blocks)."""
+  key = (VARIABLE, heads_dim, _buckets_dim(layer))
+  if key not in context.cache:
+    context.cache[key] = _variable(context, scope, heads_dim,
+                                   _buckets_dim(layer))
+  return context.cache[key]
+
+
+def _table(layer, context, heads_dim, buckets_dim):
+  """The [heads, buckets] table: the stack's shared one (made by
+  shared_table under the first self-attention layer's scope; here when the
+  layer runs outside a LayerStack), or the layer's own ("bias")."""
+  if layer.relative_attention_type == "bias_shared":
+    return shared_table(layer, context, context.scope, heads_dim)
+  return _variable(context, context.scope, heads_dim, buckets_dim)
 
 
 def attention_bias(layer, context, heads_dim, memory_length_dim):
@@ -124,15 +143,13 @@ def attention_bias(layer, context, heads_dim, memory_length_dim):
   """
   if layer.relative_attention_type is None:
     return None
-  buckets_dim = mtf.Dimension("buckets", layer.relative_attention_num_buckets)
+  buckets_dim = _buckets_dim(layer)
   bucket = relative_position_bucket(
       _relative_positions(context, memory_length_dim),
       bidirectional=not context.autoregressive,
       num_buckets=buckets_dim.size,
       max_distance=layer.relative_attention_max_distance)
   table = _table(layer, context, heads_dim, buckets_dim)
-  if table.dtype != context.activation_dtype:
-    table = mtf.cast(table, context.activation_dtype)
   return mtf.gather(table, bucket, buckets_dim)
 
 

@@ -400,6 +400,12 @@ class TransformerLayer(object):
     raise NotImplementedError("%s must implement call(context, x)" %
                               type(self).__name__)
 
+  def before_stack(self, context, scope):
+    """Called by the LayerStack before any layer runs, with the scope the
+    layer will run under: where a layer makes what the stack's other layers
+    share (T5's one relative bias table), outside every layer's block, so
+    that a recomputed (remat) block does not own it."""
+
 
 class FunctionLayer(TransformerLayer):
   """A layer from a function fn(x, context) -> y (e.g. an MoE layer, which
@@ -566,6 +572,11 @@ class SelfAttention(TransformerLayer):
         relative_attention_type, type(self).__name__)
     self.relative_attention_num_buckets = relative_attention_num_buckets
     self.relative_attention_max_distance = relative_attention_max_distance
+
+  def before_stack(self, context, scope):
+    if self.relative_attention_type == "bias_shared":
+      relative_position.shared_table(self, context, scope,
+                                     mtf.Dimension("heads", self.num_heads))
 
   def make_params(self, context):
     return AttentionParams(

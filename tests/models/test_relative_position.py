@@ -8,7 +8,7 @@ The buckets equal T5's definition computed in numpy for distances -300..300
 positions) give the single-device loss, logits and gradients on 8 virtual
 devices under layouts that split heads (the table's dim), the length and
 memory_length (the bias's dims), unevenly over 3 processors, on both
-backends; cached greedy decoding, whose bias comes from the scalar decoding
+backends, and under remat as without; cached greedy decoding, whose bias comes from the scalar decoding
 position, equals the full model's argmax at every position.
 """
 import math
@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import harness
 import meshtf as mtf
+from meshtf.models import dtypes
 from meshtf.models import relative_position
 from meshtf.models import transformer
 
@@ -103,6 +104,34 @@ def _t5(version, **kwargs):
   return transformer.make_bitransformer(
       shared_embedding_and_softmax_weights=True,
       relative_attention_type="bias", **common)
+
+
+def test_a_shared_table_under_remat():
+  """remat recomputes each block in its gradient: the shared table is made
+  outside every block (LayerStack.before_stack), so all layers may read it;
+  the loss and gradients are those without remat."""
+  feats = _packed(3)
+  shape = "batch:%d;length:%d" % (B, L)
+  outs = {}
+  for remat in ("none", "full"):
+    model_obj = _t5("1.1", remat=remat)
+
+    def model(mesh, x, model_obj=model_obj):
+      # bfloat16 activations: the table is a cast of the variable, a tensor
+      # a recomputed block must not own.
+      _, loss, _ = transformer.compute_logits_loss_metrics(
+          model_obj, x, variable_dtype=dtypes.VariableDType(
+              tf.float32, tf.float32, tf.bfloat16))
+      return {"loss": loss}
+    outs[remat] = harness.run_model(
+        model, {k: (v, shape) for k, v in feats.items()}, "all:1", "")
+  none, full = outs["none"], outs["full"]
+  np.testing.assert_allclose(full.outputs["loss"], none.outputs["loss"],
+                             rtol=1e-6)
+  assert sorted(full.grads) == sorted(none.grads) and len(none.grads) > 40
+  for name, value in none.grads.items():
+    np.testing.assert_allclose(full.grads[name], value, rtol=1e-5,
+                               atol=1e-6, err_msg=name)
 
 
 def test_t5_shapes_are_layout_invariant():

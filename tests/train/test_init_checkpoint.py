@@ -6,13 +6,16 @@ weights, its Adafactor slots factored as Mesh TF factors them) starts a
 fine-tune in a new model_dir that takes exactly the steps the original run
 takes when resumed: the same losses at steps 5 and 6 (weights, slots and
 step restored bit for bit, on another layout). The header carries the
-restore block; a fine-tune with nothing to train is one line.
+restore block; a fine-tune with nothing to train is one line; a meshtf
+model_dir restores as an init_checkpoint too.
 """
 import io
 import json
 import os
 
 import t5_tiny
+from meshtf.train import experiment
+from meshtf.train import init_checkpoint
 from meshtf.train import main
 
 
@@ -39,6 +42,15 @@ def _train(config, model_dir):
 def test_a_fine_tune_from_an_exported_checkpoint_repeats_the_run(tmp_path):
   original = str(tmp_path / "original")
   _train(_config(), original)
+  # A meshtf model_dir is an init_checkpoint too (told apart by content).
+  config = _config(init_optimizer=True)
+  graph, _ = experiment.build_training_graph(config)
+  plan = init_checkpoint.plan_restore(config, graph,
+                                      experiment.build_model(config),
+                                      original)
+  assert (plan.kind, plan.step, plan.weights[0], plan.slots[0]) == (
+      init_checkpoint.MESHTF, 4, 52, 90)
+  assert not plan.missing and not plan.unused and not plan.conversions
   export = _config(export_format="mesh_tf", export_dtype="float32")
   result = main.run(export, "export", original, out=io.StringIO())
   assert result["path"] == os.path.join(original, "mesh_tf", "model.ckpt-4")
