@@ -38,6 +38,7 @@ class VariableStore(object):
   def __init__(self):
     self._entries = {}
     self._pending_values = {}  # restored values of not-yet-created variables
+    self._pending_sources = {}  # the same, read slice by slice when created
 
   def __len__(self):
     return len(self._entries)
@@ -82,6 +83,8 @@ class VariableStore(object):
       value = self._pending_values.pop(name)
       _check_restored(name, value, shape, dtype)
       slice_init_fn = _slicer(value, dtype)
+    elif name in self._pending_sources:
+      slice_init_fn = _from_source(self._pending_sources.pop(name), dtype)
     with tf.init_scope():
       slices = mesh_impl.make_variable_slices(name, shape, dtype,
                                               slice_init_fn, trainable)
@@ -121,9 +124,32 @@ class VariableStore(object):
           part = padded_part(value, layout.slice_begin(entry.shape, p), sizes)
           entry.slices[p].assign(tf.constant(part, entry.dtype))
 
+  def restore_sources(self, sources):
+    """Sets variables from slice sources {name: fn(begin, sizes) -> numpy
+    array of sizes in the variable's dtype} (a checkpoint read slice by
+    slice: each processor's slice is read when it is created, so a host
+    reads only what its processors hold; see
+    meshtf/train/mesh_tf_checkpoint.SliceSource). Existing variables read
+    their local slices now.
+
+    Example:
+      >>> store.restore_sources({"w": lambda begin, sizes: np.zeros(sizes)})
+    """
+    for name, source in sorted(sources.items()):
+      entry = self._entries.get(name)
+      if entry is None:
+        self._pending_sources[name] = source
+        continue
+      layout = entry.mesh_layout
+      with tf.init_scope():
+        sizes = layout.slice_shape(entry.shape)
+        for p in entry.mesh_impl.local_pnums():
+          part = source(layout.slice_begin(entry.shape, p), sizes)
+          entry.slices[p].assign(tf.constant(part, entry.dtype))
+
   def unrestored_names(self):
     """Restored values that no created variable has used yet."""
-    return sorted(self._pending_values)
+    return sorted(set(self._pending_values) | set(self._pending_sources))
 
 
 def _check_restored(name, value, shape, dtype):
@@ -154,6 +180,14 @@ def padded_part(value, begin, sizes):
   if list(part.shape) != list(sizes):
     part = np.pad(part, [(0, n - k) for n, k in zip(sizes, part.shape)])
   return part
+
+
+def _from_source(source, dtype):
+  """slice_init_fn of a slice source (restore_sources)."""
+  def fn(begin, sizes):
+    return tf.constant(source(begin, sizes), dtype)
+  fn.traced = True
+  return fn
 
 
 def _slicer(value, dtype):

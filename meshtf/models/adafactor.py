@@ -15,6 +15,8 @@ Example:
   >>> opt = AdafactorOptimizer(beta1=0.9)
   >>> ops = opt.apply_grads(mtf.gradients([loss], variables), variables)
 """
+import math
+
 from meshtf import graph as graph_lib
 from meshtf.models import conventions
 from meshtf.models import optimizer_base
@@ -48,7 +50,12 @@ class AdafactorOptimizer(optimizer_base.Optimizer):
   statistics together and replicate a [d_model, hidden] accumulator on
   every device; the plan report found it), and share one parameter scale.
   Variables whose name contains a string in exclude_from_parameter_scale
-  are updated at learning_rate, not scaled by their RMS.
+  are updated at learning_rate, not scaled by their RMS. Each tuple of dim
+  names in factor_dims_together counts as one dim of their sizes' product
+  when choosing and reducing over d0 and d1: ("heads", "d_kv") factors an
+  attention weight [d_model, heads, d_kv] as Mesh TF factors its
+  [d_model, heads*d_kv] variable (T5's checkpoints), so the two give the
+  same accumulators and updates.
 
   Defaults depend on the step s (updates already applied):
   decay_rate = 1 - (s + 1)^-0.8, learning_rate = min(0.01, 1/sqrt(s + 1))
@@ -59,13 +66,15 @@ class AdafactorOptimizer(optimizer_base.Optimizer):
     >>> opt = AdafactorOptimizer(beta1=0.9, stacked_dim_names=["layers"],
     ...                          exclude_from_parameter_scale=["bias"])
     >>> ops = opt.apply_grads(grads, graph_variables)
+    >>> t5 = AdafactorOptimizer(factor_dims_together=[("heads", "d_kv")])
   """
 
   def __init__(self, multiply_by_parameter_scale=True, learning_rate=None,
                decay_rate=None, beta1=0.0, clipping_threshold=1.0,
                factored=True, epsilon1=1e-30, epsilon2=1e-3,
                min_dim_size_to_factor=128, stacked_dim_names=None,
-               exclude_from_parameter_scale=None, not_factored=("experts",)):
+               exclude_from_parameter_scale=None, not_factored=("experts",),
+               factor_dims_together=()):
     self._multiply_by_parameter_scale = multiply_by_parameter_scale
     if learning_rate is None:
       learning_rate = self._learning_rate_default(multiply_by_parameter_scale)
@@ -83,6 +92,13 @@ class AdafactorOptimizer(optimizer_base.Optimizer):
         exclude_from_parameter_scale or ())
     self._not_factored = (frozenset(not_factored or ())
                           | frozenset(self._stacked_dim_names))
+    self._factor_dims_together = [tuple(g) for g in factor_dims_together or ()]
+    for group in self._factor_dims_together:
+      if len(group) < 2 or set(group) & self._not_factored:
+        raise ValueError(
+            "AdafactorOptimizer: factor_dims_together %r: each group names "
+            "two or more dims that may be factored (not in not_factored or "
+            "stacked_dim_names %s)" % (group, sorted(self._not_factored)))
 
   @staticmethod
   def _learning_rate_default(multiply_by_parameter_scale):
@@ -92,15 +108,26 @@ class AdafactorOptimizer(optimizer_base.Optimizer):
     return lambda step: _minimum(_rsqrt(step + 1.0), 0.01) * scale
 
   def _factored_dims(self, shape):
-    """The two largest dims (not in not_factored or stacked_dim_names) if
-    both are >= min_dim_size_to_factor, else None."""
-    dims = [d for d in shape.dims if d.name not in self._not_factored]
-    if not self._factored or len(dims) < 2:
+    """(d0, d1): the two largest dims (not in not_factored or
+    stacked_dim_names; a factor_dims_together group is one dim, at its first
+    member's place), each a list of dims, if both are >=
+    min_dim_size_to_factor; else None. Ties keep the shape's order, as Mesh
+    TF's stable sort."""
+    units = []
+    for d in shape.dims:
+      if d.name in self._not_factored:
+        continue
+      group = next((g for g in self._factor_dims_together if d.name in g), None)
+      members = [e for e in shape.dims if group and e.name in group] or [d]
+      if members[0] is d:
+        units.append(members)
+    if not self._factored or len(units) < 2:
       return None
-    sorted_dims = sorted(dims, key=lambda d: -d.size)
-    if sorted_dims[1].size < self._min_dim_size_to_factor:
+    size = lambda unit: math.prod(e.size for e in unit)  # noqa: E731
+    units.sort(key=lambda unit: -size(unit))
+    if size(units[1]) < self._min_dim_size_to_factor:
       return None
-    return sorted_dims[:2]
+    return units[0], units[1]
 
   def _scales_by_parameter(self, var):
     return self._multiply_by_parameter_scale and not any(
@@ -151,9 +178,9 @@ class _VariableUpdate(object):
     if self.factored_dims:
       d0, d1 = self.factored_dims
       self.vr_mean = reductions.reduce_mean(self.grad_squared,
-                                            output_shape=var.shape - d0)
+                                            output_shape=_without(var, d0))
       self.vc_mean = reductions.reduce_mean(self.grad_squared,
-                                            output_shape=var.shape - d1)
+                                            output_shape=_without(var, d1))
     if opt._scales_by_parameter(var):
       stacked = [d for d in self.value.shape.dims
                  if d.name in opt._stacked_dim_names]
@@ -166,14 +193,14 @@ class _VariableUpdate(object):
     var, dtype = self.var, self.grad.dtype
     if self.factored_dims:
       d0, d1 = self.factored_dims
-      vr = optimizer_base._slot(var, "vr", var.shape - d0, dtype)
-      vc = optimizer_base._slot(var, "vc", var.shape - d1, dtype)
+      vr = optimizer_base._slot(var, "vr", _without(var, d0), dtype)
+      vc = optimizer_base._slot(var, "vc", _without(var, d1), dtype)
       self.new_vr = vr * self.decay_rate + self.vr_mean * self.mixing_rate
       self.new_vc = vc * self.decay_rate + self.vc_mean * self.mixing_rate
       self.ops += [variables_lib.assign(vr, self.new_vr),
                    variables_lib.assign(vc, self.new_vc)]
-      self.long_term_mean = reductions.reduce_mean(self.new_vr,
-                                                   reduced_dim=d1)
+      self.long_term_mean = reductions.reduce_mean(
+          self.new_vr, output_shape=_without(self.new_vr, d1))
       return [self.long_term_mean]
     v = optimizer_base._slot(var, "v", dtype=dtype)
     self.new_v = v * self.decay_rate + self.grad_squared * self.mixing_rate
@@ -213,6 +240,11 @@ class _VariableUpdate(object):
     # assign_sub, not assign(var - ...): see SgdOptimizer.
     self.ops.append(variables_lib.assign_sub(var, subtrahend))
     return []
+
+
+def _without(tensor, dims):
+  """tensor's shape less dims (a factored unit: one dim or a group)."""
+  return tensor.shape - list(dims)
 
 
 def adafactor_decay_rate_pow(exponent=0.8, offset=0):

@@ -38,116 +38,21 @@ from meshtf import graph as graph_lib
 from meshtf.layouts import layout_rules as layout_rules_lib
 from meshtf.models import decoding
 from meshtf.models import dtypes
+from meshtf.models import layer_stack as layer_stack_lib
 from meshtf.models import layers
 from meshtf.models import norms
 from meshtf.models import pipeline as pipeline_lib
-from meshtf.models import remat as remat_lib
 from meshtf.models import transformer_layers as tl
 
-NORMS = {"rms_norm": norms.rms_norm, "layer_norm": norms.layer_norm}
-
-
 # Mesh TF's transformer module held these; its code uses them from here.
+LayerStack = layer_stack_lib.LayerStack
+NORMS = layer_stack_lib.NORMS
 Context = tl.Context
 TransformerLayer = tl.TransformerLayer
 
 
 def _round_up(n, divisor):
   return -(-n // divisor) * divisor
-
-
-# --- LayerStack ---------------------------------------------------------------
-class LayerStack(tl.TransformerLayer):
-  """Layers with pre-norm residual connections and a final norm.
-
-  layers: TransformerLayer objects or callables fn(x, context) -> y (an
-  MoE layer, say; see FunctionLayer). Layer i's variables live under
-  "<scope>/layer_%03d/<LayerName>", its norm under ".../<LayerName>/norm".
-  pipeline: a pipeline.LayerPipeline to run the layers as a pipeline over
-  a "stage" dim (GSPMD 3.3; see meshtf/models/pipeline.py), or None.
-  remat: what each residual block keeps for the backward pass while
-  training (meshtf/models/remat.py): "none", "full" (its input; the block
-  recomputed in its gradient), "einsum_outputs" or
-  "weight_einsum_outputs"; a layer's own `remat` attribute, if set,
-  overrides it for that layer.
-
-  Example:
-    >>> stack = LayerStack([SelfAttention(8, 64), DenseReluDense(2048)] * 6,
-    ...                    dropout_rate=0.1, norm_type="layer_norm",
-    ...                    remat="full")
-  """
-
-  def __init__(self, layers_list=None, dropout_rate=0.0, norm_epsilon=1e-6,
-               norm_type="rms_norm", pipeline=None, layers=None,
-               remat="none"):
-    # `layers=` is Mesh TensorFlow's keyword for the list.
-    if (layers_list is None) == (layers is None):
-      raise ValueError("LayerStack: pass the layer list once, as the first "
-                       "argument or as layers=")
-    if layers_list is None:
-      layers_list = layers
-    self._layers = [l if isinstance(l, tl.TransformerLayer)
-                    else tl.FunctionLayer(l) for l in layers_list]
-    if norm_type not in NORMS:
-      raise ValueError("LayerStack: norm_type %r is not one of %s" % (
-          norm_type, sorted(NORMS)))
-    self._dropout_rate = dropout_rate
-    self._norm_epsilon = norm_epsilon
-    self._norm_type = norm_type
-    if pipeline is not None:
-      pipeline.check_layers(self._layers)
-    self.pipeline = pipeline
-    self.remat = remat_lib.check_policy(remat, "LayerStack: remat")
-
-  @property
-  def layers(self):
-    return list(self._layers)
-
-  @property
-  def num_layers(self):
-    return len(self._layers)
-
-  def _norm(self, x, context, name):
-    return NORMS[self._norm_type](x, context.model_dim,
-                                  epsilon=self._norm_epsilon, name=name)
-
-  def residual_block(self, context, x, index, layer, scope):
-    """x + dropout(layer(norm(x))), the layer's variables under scope.
-
-    Example:
-      >>> x = stack.residual_block(context, x, 0, stack.layers[0],
-      ...                          "decoder/layer_000/SelfAttention")
-    """
-    context.layer_index = index
-    context.scope = scope
-    x = tl.annotate(context, x)   # the residual stream (GSPMD's BSM)
-
-    def block(x):
-      y = layer.call(context, self._norm(x, context, scope + "/norm"))
-      if not isinstance(y, graph_lib.Tensor) or y.shape != x.shape:
-        raise ValueError("LayerStack: layer %s returned %s; it must return "
-                         "a Tensor of shape %s" % (
-                             scope, getattr(y, "shape", y), x.shape))
-      return tl.dropout(y, context, self._dropout_rate,
-                        name=scope + "/residual_dropout")
-    policy = getattr(layer, "remat", None) or self.remat
-    if context.train and policy != "none":
-      return x + remat_lib.recompute_block(block, x, context, layer, policy)
-    return x + block(x)
-
-  def call(self, context, x):
-    base = context.scope
-    rate = self._dropout_rate
-    x = tl.dropout(x, context, rate, name=base + "/input_dropout")
-    if self.pipeline is not None:
-      x = self.pipeline.call_layers(self, context, x)
-    else:
-      for i, layer in enumerate(self._layers):
-        x = self.residual_block(context, x, i, layer, "%s/layer_%03d/%s" % (
-            base, i, layer.name))
-    context.scope = base
-    x = self._norm(tl.annotate(context, x), context, base + "/final_norm")
-    return tl.dropout(x, context, rate, name=base + "/final_dropout")
 
 
 # --- Unitransformer -----------------------------------------------------------
@@ -439,15 +344,16 @@ class Unitransformer(object):
     num_tokens, loss_sum, correct_sum = mtf.reduce_together([
         mtf.reduce_sum(weights), mtf.reduce_sum(per_token * weights),
         mtf.reduce_sum(correct * weights)])
-    denominator = (self.loss_denominator if self.loss_denominator
-                   else mtf.maximum(num_tokens, 1.0))
-    token_loss = loss_sum / denominator
+    token_loss = loss_sum / mtf.maximum(num_tokens, 1.0)
+    # The objective: the mean over tokens, or Mesh TF's fixed denominator
+    # (T5: batch x length), which weighs every token of a step alike.
+    loss = (loss_sum * (1.0 / self.loss_denominator) if self.loss_denominator
+            else token_loss)
     metrics = {
         "token_loss": token_loss,
         "accuracy": correct_sum / mtf.maximum(num_tokens, 1.0),
         "num_tokens": num_tokens,
     }
-    loss = token_loss
     if context.losses:
       extra = mtf.add_n([mtf.cast(l, tf.float32) for l in context.losses])
       metrics["extra_loss"] = extra
@@ -586,7 +492,11 @@ def make_layer_stack(num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
                      activation=None, norm_type="rms_norm",
                      feedforward_layer_fn=None, norm_epsilon=1e-6,
                      pipeline_stages=1, num_microbatches=1,
-                     circular_repeats=1, remat="none"):
+                     circular_repeats=1, remat="none",
+                     relative_attention_type=None,
+                     relative_attention_num_buckets=32,
+                     relative_attention_max_distance=128,
+                     mask_padding=False):
   """A LayerStack of num_layers blocks: SelfAttention, EncDecAttention
   (encdec), then a feed-forward layer: DenseReluDense (relu), or
   GatedDenseReluDense (gelu) with gated=True, or feedforward_layer_fn(i)
@@ -596,15 +506,20 @@ def make_layer_stack(num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
   default) runs the blocks in order; otherwise they run as a pipeline
   (meshtf/models/pipeline.py) with the same numbers. remat: what each block
   keeps for the backward pass (meshtf/models/remat.py: "none", "full",
-  "einsum_outputs", "weight_einsum_outputs").
+  "einsum_outputs", "weight_einsum_outputs"). relative_attention_*: T5's
+  relative position bias in the self-attention layers (SelfAttention);
+  mask_padding: Mesh TF's zeroing of padding positions (LayerStack).
 
   Example:
     >>> stack = make_layer_stack(2, num_heads=4, d_kv=16, d_ff=64,
-    ...                          feedforward_layer_fn=lambda i: None)
+    ...                          feedforward_layer_fn=lambda i: None,
+    ...                          relative_attention_type="bias_shared")
   """
   blocks = []
   for i in range(num_layers):
-    blocks.append(tl.SelfAttention(num_heads, d_kv, dropout_rate))
+    blocks.append(tl.SelfAttention(
+        num_heads, d_kv, dropout_rate, relative_attention_type,
+        relative_attention_num_buckets, relative_attention_max_distance))
     if encdec:
       blocks.append(tl.EncDecAttention(num_heads, d_kv, dropout_rate))
     ffn = feedforward_layer_fn(i) if feedforward_layer_fn else None
@@ -618,7 +533,16 @@ def make_layer_stack(num_layers=6, num_heads=8, d_kv=64, d_ff=2048,
     pipe = pipeline_lib.LayerPipeline(pipeline_stages, num_microbatches,
                                       circular_repeats)
   return LayerStack(blocks, dropout_rate, norm_epsilon, norm_type, pipe,
-                    remat=remat)
+                    remat=remat, mask_padding=mask_padding)
+
+
+# make_layer_stack's keywords that make_unitransformer and make_bitransformer
+# pass through (the others go to Unitransformer).
+_STACK_KEYS = ("gated", "activation", "norm_type", "feedforward_layer_fn",
+               "norm_epsilon", "pipeline_stages", "num_microbatches",
+               "circular_repeats", "remat", "relative_attention_type",
+               "relative_attention_num_buckets",
+               "relative_attention_max_distance", "mask_padding")
 
 
 def make_unitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
@@ -634,10 +558,7 @@ def make_unitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
     ...                          num_layers=2, num_heads=16, d_kv=64,
     ...                          d_ff=4096)
   """
-  stack_keys = ("gated", "activation", "norm_type", "feedforward_layer_fn",
-                "norm_epsilon", "pipeline_stages", "num_microbatches",
-                "circular_repeats", "remat")
-  stack_kwargs = {k: kwargs.pop(k) for k in stack_keys if k in kwargs}
+  stack_kwargs = {k: kwargs.pop(k) for k in _STACK_KEYS if k in kwargs}
   stack = make_layer_stack(num_layers, num_heads, d_kv, d_ff, dropout_rate,
                            **stack_kwargs)
   return Unitransformer(stack, d_model, vocab_size, vocab_size,
@@ -655,10 +576,7 @@ def make_bitransformer(vocab_size, d_model=512, num_layers=6, num_heads=8,
   Example:
     >>> model = make_bitransformer(vocab_size=32000, num_layers=6)
   """
-  stack_keys = ("gated", "activation", "norm_type", "feedforward_layer_fn",
-                "norm_epsilon", "pipeline_stages", "num_microbatches",
-                "circular_repeats", "remat")
-  stack_kwargs = {k: kwargs.pop(k) for k in stack_keys if k in kwargs}
+  stack_kwargs = {k: kwargs.pop(k) for k in _STACK_KEYS if k in kwargs}
   encoder = Unitransformer(
       make_layer_stack(num_layers, num_heads, d_kv, d_ff, dropout_rate,
                        **stack_kwargs),

@@ -31,7 +31,6 @@ Example:
   >>> tl.SelfAttention(num_heads=2, key_value_size=4).call(ctx, x).shape
   Shape([batch:2, length:4, d_model:8])
 """
-import math
 import re
 
 import numpy as np
@@ -44,6 +43,10 @@ from meshtf.lowering import rng
 from meshtf.models import dtypes
 from meshtf.models import layers
 from meshtf.models import norms
+from meshtf.models import relative_position
+from meshtf.models.sequences import autoregressive_inputs
+from meshtf.models.sequences import delimited_lm_inputs_mask
+from meshtf.models.sequences import sinusoidal_position_signal
 
 # tf.estimator.ModeKeys' values: dropout and z-loss only in "train". The
 # decoders (meshtf/models/decoding.py) add Mesh TensorFlow's "first_part"
@@ -397,6 +400,12 @@ class TransformerLayer(object):
     raise NotImplementedError("%s must implement call(context, x)" %
                               type(self).__name__)
 
+  def before_stack(self, context, scope):
+    """Called by the LayerStack before any layer runs, with the scope the
+    layer will run under: where a layer makes what the stack's other layers
+    share (T5's one relative bias table), outside every layer's block, so
+    that a recomputed (remat) block does not own it."""
+
 
 class FunctionLayer(TransformerLayer):
   """A layer from a function fn(x, context) -> y (e.g. an MoE layer, which
@@ -542,14 +551,32 @@ class SelfAttention(TransformerLayer):
   """Multi-head self-attention (autoregressive when the context says so,
   always within a segment).
 
+  relative_attention_type: None, or T5's relative position bias
+  (meshtf/models/relative_position.py): "bias_shared" (one [heads, buckets]
+  table per layer stack, held by its first self-attention layer) or "bias"
+  (one per layer); relative_attention_num_buckets and
+  relative_attention_max_distance as T5 (32, 128).
+
   Example:
-    >>> layer = SelfAttention(num_heads=8, key_value_size=64)
+    >>> layer = SelfAttention(num_heads=8, key_value_size=64,
+    ...                       relative_attention_type="bias_shared")
   """
 
-  def __init__(self, num_heads=8, key_value_size=128, dropout_rate=0.0):
+  def __init__(self, num_heads=8, key_value_size=128, dropout_rate=0.0,
+               relative_attention_type=None, relative_attention_num_buckets=32,
+               relative_attention_max_distance=128):
     self.num_heads = num_heads
     self.key_value_size = key_value_size
     self.dropout_rate = dropout_rate
+    self.relative_attention_type = relative_position.check_type(
+        relative_attention_type, type(self).__name__)
+    self.relative_attention_num_buckets = relative_attention_num_buckets
+    self.relative_attention_max_distance = relative_attention_max_distance
+
+  def before_stack(self, context, scope):
+    if self.relative_attention_type == "bias_shared":
+      relative_position.shared_table(self, context, scope,
+                                     mtf.Dimension("heads", self.num_heads))
 
   def make_params(self, context):
     return AttentionParams(
@@ -578,6 +605,10 @@ class SelfAttention(TransformerLayer):
       mask = self.mask(context)
       if context.mode == "first_part":
         self.record_memory(context, k, v)
+    bias = relative_position.attention_bias(self, context, params.heads_dim,
+                                            memory_length)
+    if bias is not None:
+      mask = annotate(context, bias if mask is None else mask + bias)
     o = annotate(context, attention(q, k, v, memory_length, params.kv_dim,
                                     mask, self.dropout_rate, context,
                                     name=context.scope))
@@ -616,6 +647,14 @@ class EncDecAttention(SelfAttention):
   Example:
     >>> layer = EncDecAttention(num_heads=8, key_value_size=64)
   """
+
+  def __init__(self, num_heads=8, key_value_size=128, dropout_rate=0.0,
+               relative_attention_type=None, **unused_relative_kwargs):
+    if relative_attention_type is not None:
+      raise ValueError("EncDecAttention: relative_attention_type %r: T5's "
+                       "relative position bias is for self-attention only"
+                       % (relative_attention_type,))
+    super().__init__(num_heads, key_value_size, dropout_rate)
 
   def memory_antecedent(self, context, x):
     enc = context.encoder_output
@@ -686,69 +725,6 @@ class GatedDenseReluDense(DenseReluDense):
                           variable_dtype=context.variable_dtype,
                           name=context.scope + "/" + suffix)
     return proj("wi_0", self.activation) * proj("wi_1", None)
-
-
-# --- sequences: positions, shifted inputs, masks ------------------------------
-def sinusoidal_position_signal(position, model_dim, dtype=tf.float32,
-                               max_timescale=1.0e4):
-  """The Transformer's sine/cosine position signal [position dims...,
-  d_model]: channel c < d/2 is sin(p * w_c), channel d/2 + c is cos(p * w_c),
-  w_c = max_timescale^(-c / (d/2 - 1)).
-
-  Example:
-    >>> s = sinusoidal_position_signal(mtf.range(mesh, length, tf.int32),
-    ...                                d_model)   # [length, d_model]
-  """
-  half = max(model_dim.size // 2, 1)
-  channel = mtf.range(position.mesh, model_dim, tf.int32)
-  freq_index = mtf.cast(mtf.mod(channel, half), tf.float32)
-  inv_timescale = mtf.exp(freq_index * (-math.log(max_timescale)
-                                        / max(half - 1, 1)))
-  angle = mtf.cast(position, tf.float32) * inv_timescale
-  signal = mtf.where(mtf.less(channel, half), mtf.sin(angle), mtf.cos(angle))
-  return mtf.cast(signal, dtype)
-
-
-def autoregressive_inputs(targets, sequence_id=None, length_dim=None):
-  """Decoder inputs: targets shifted right by one (0 first), and 0 at the
-  start of every packed segment.
-
-  Example:
-    >>> inputs = autoregressive_inputs(targets, targets_segmentation)
-  """
-  length_dim = length_dim or targets.shape.dims[-1]
-  inputs = mtf.shift(targets, 1, length_dim, wrap=False)
-  if sequence_id is not None:
-    same = mtf.equal(sequence_id, mtf.shift(sequence_id, 1, length_dim,
-                                            wrap=False))
-    inputs = inputs * mtf.cast(same, inputs.dtype)
-  return inputs
-
-
-def delimited_lm_inputs_mask(ids, sequence_id=None, eos_id=1, length_dim=None):
-  """True on the "inputs" part of an [inputs, EOS, targets, EOS] language
-  model example: every non-padding position up to and including the first
-  EOS of its segment.
-
-  Example:
-    >>> loss_weights = mtf.logical_not(delimited_lm_inputs_mask(targets))
-  """
-  length_dim = length_dim or ids.shape.dims[-1]
-  eos_before = mtf.cumsum(mtf.cast(mtf.equal(ids, eos_id), tf.int32),
-                          length_dim, exclusive=True)
-  if sequence_id is not None:
-    # EOS count up to the segment's start: the smallest count over the
-    # segment, since the count never decreases along the length.
-    mem = "memory_" + length_dim.name
-    other = mtf.not_equal(sequence_id, layers.rename_length_to_memory_length(
-        sequence_id, length_dim.name))
-    counts = layers.rename_length_to_memory_length(eos_before,
-                                                   length_dim.name)
-    big = length_dim.size + 1
-    at_start = mtf.reduce_min(counts + mtf.cast(other, tf.int32) * big,
-                              reduced_dim=mtf.Dimension(mem, length_dim.size))
-    eos_before = eos_before - at_start
-  return mtf.logical_and(mtf.equal(eos_before, 0), mtf.not_equal(ids, 0))
 
 
 __all__ = [

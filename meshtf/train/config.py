@@ -77,6 +77,17 @@ def default_config():
   c.z_loss = 1e-4             # log(Z)^2 coefficient of the softmax; 0: none
   c.positional_embedding = "learned"   # learned | sinusoidal | none
   c.shared_embedding_and_softmax_weights = False  # one vocab matrix for both
+  # T5 (meshtf/models/relative_position.py; t2t_configs/t5.py):
+  c.relative_attention = "none"  # T5's relative position bias: none |
+  #                              bias_shared (one table per stack, as T5) |
+  #                              bias (one per self-attention layer)
+  c.relative_attention_num_buckets = 32    # T5's
+  c.relative_attention_max_distance = 128  # T5's
+  c.mask_padding = False       # zero padding positions before each layer
+  #                              (Mesh TF's sublayer_mask_padding, T5)
+  c.loss_normalization = "tokens"  # the summed loss over: tokens (the
+  #                              weighted target tokens) | batch_length
+  #                              (batch_size x length, Mesh TF's default)
   # Pipeline parallelism (GSPMD 3.3; meshtf/models/pipeline.py): the layer
   # stack split into pipeline_stages stages along a "stage" dim that the
   # layout puts on a mesh axis of that size ("stage:pipe"); 1 = off.
@@ -164,6 +175,20 @@ def default_config():
   c.weight_decay_rate = 0.0    # adam
   c.momentum = 0.9             # momentum
   c.clip_gradient_norm = 1.0   # 0: no clipping
+  c.adafactor_factor_dims_together = ""  # adafactor: comma-separated dims
+  #                              factored as one ("heads,d_kv": Mesh TF's /
+  #                              T5's combined attention dims, whose slots
+  #                              init_checkpoint then restores)
+  c.adafactor_min_dim_size_to_factor = 128  # adafactor: factor the
+  #                              accumulator of a weight whose two largest
+  #                              dims are at least this big (Mesh TF's)
+  c.init_checkpoint = ""       # start from this checkpoint (a Mesh TF / T5
+  #                              model.ckpt-N prefix or folder, or a meshtf
+  #                              ckpt-N / model_dir) when model_dir has none;
+  #                              what it restores is printed (docs/t5.md)
+  c.init_optimizer = False     # init_checkpoint: also its optimizer slots
+  c.finetune_steps = 0         # > 0: train to init_checkpoint's step + this
+  #                              (train_steps ignored); 0: to train_steps
   c.collective_bucket_mb = 1.0   # fused gradient allreduces of at most this
   #                              many MiB per device (0: one per gradient)
   c.checkpoint_every = 100    # steps between checkpoints (and at the end)
@@ -201,6 +226,13 @@ def default_config():
   #                              model_dir/decodes-<step>.txt)
   c.export_batch_size = 0      # largest batch of the exported signatures;
   #                              0: batch_size
+  c.export_format = "saved_model"  # --mode=export writes: saved_model (a
+  #                              TF SavedModel) | mesh_tf (a model.ckpt-N
+  #                              Mesh TF / T5 restores; docs/t5.md)
+  c.export_dtype = "bfloat16"  # mesh_tf: the weights' dtype (slots stay
+  #                              float32): bfloat16 (Mesh TF's) | float32
+  c.export_norm_names = "rms_norm"  # mesh_tf: rms_norm | layer_norm (the
+  #                              legacy names of older T5 checkpoints)
   return c
 
 
@@ -375,6 +407,7 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
        "rms_norm or layer_norm" % config.norm_type)
   need(config.remat in REMAT_POLICIES, "remat=%r is unknown: use "
        "--config.remat=%s" % (config.remat, " | ".join(REMAT_POLICIES)))
+  problems.extend(_t5_problems(config, flag))
   moe = config.moe
   if moe.num_experts >= 1:
     need(moe.gating in GATINGS, "moe.gating=%r is unknown: use --config.moe."
@@ -403,6 +436,41 @@ def validate(config, check_layout=True, check_data=True, flag_names=None):
     if problem:
       raise ConfigError([problem])
   return layout
+
+
+RELATIVE_ATTENTION = ("none", "bias_shared", "bias")
+LOSS_NORMALIZATIONS = ("tokens", "batch_length")
+EXPORT_FORMATS = ("saved_model", "mesh_tf")
+
+
+def _t5_problems(config, flag):
+  """The T5 / Mesh TF fields: choices, and what needs what."""
+  out = []
+
+  def choice(key, choices):
+    if config[key] not in choices:
+      out.append("%s=%r is unknown: use %s=%s" % (
+          key, config[key], flag(key), " | ".join(choices)))
+  choice("relative_attention", RELATIVE_ATTENTION)
+  choice("loss_normalization", LOSS_NORMALIZATIONS)
+  choice("export_format", EXPORT_FORMATS)
+  choice("export_dtype", ("bfloat16", "float32"))
+  choice("export_norm_names", ("rms_norm", "layer_norm"))
+  together = [d.strip() for d in str(config.adafactor_factor_dims_together)
+              .split(",") if d.strip()]
+  if together and (config.optimizer != "adafactor" or len(together) < 2):
+    out.append("adafactor_factor_dims_together=%r needs optimizer=adafactor "
+               "and two or more dims (e.g. 'heads,d_kv'): set %s=adafactor "
+               "or %s=''" % (str(config.adafactor_factor_dims_together),
+                             flag("optimizer"),
+                             flag("adafactor_factor_dims_together")))
+  for key in ("init_optimizer", "finetune_steps"):
+    if config[key] and not config.init_checkpoint:
+      out.append("%s=%s needs an init_checkpoint to start from: set %s=PATH "
+                 "or %s=%s" % (key, config[key], flag("init_checkpoint"),
+                               flag(key), "False" if key == "init_optimizer"
+                               else "0"))
+  return out
 
 
 def _pipeline_problems(config):

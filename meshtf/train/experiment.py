@@ -108,6 +108,7 @@ def build_model(config, sink=None, mesh_layout=None):
     >>> model = build_model(config, MoeMetrics(), config_lib.mesh_layout(config))
   """
   ffn = moe_feedforward_layer_fn(config, sink, mesh_layout)
+  t5 = t5_options(config)
   common = dict(
       d_model=config.d_model, num_heads=config.num_heads, d_kv=config.d_kv,
       d_ff=config.d_ff, max_length=config.length,
@@ -118,7 +119,7 @@ def build_model(config, sink=None, mesh_layout=None):
       positional_embedding=(False if config.positional_embedding == "none"
                             else config.positional_embedding),
       activation_layout=config.activation_layout or None,
-      remat=config.get("remat", "none"))
+      remat=config.get("remat", "none"), **t5)
   if config.model_type == "lm":
     n = config.num_layers
     if ffn is not None:
@@ -139,11 +140,13 @@ def build_model(config, sink=None, mesh_layout=None):
       encdec=encdec, gated=config.gated, activation=config.activation,
       norm_type=config.norm_type, remat=common["remat"],
       feedforward_layer_fn=(None if ffn is None else
-                            (lambda i: ffn(i, n))))
+                            (lambda i: ffn(i, n))),
+      **{k: v for k, v in t5.items() if k != "loss_denominator"})
   kwargs = dict(label_smoothing=config.label_smoothing, z_loss=config.z_loss,
                 vocab_divisor=config.vocab_divisor,
                 positional_embedding=common["positional_embedding"],
-                max_length=config.length)
+                max_length=config.length,
+                loss_denominator=t5["loss_denominator"])
   encoder = transformer.Unitransformer(
       stack(n_enc, False), config.d_model, config.vocab_size, None, False,
       name="encoder", **kwargs)
@@ -153,6 +156,25 @@ def build_model(config, sink=None, mesh_layout=None):
       shared_embedding_and_softmax_weights=(
           config.shared_embedding_and_softmax_weights), **kwargs)
   return transformer.Bitransformer(encoder, decoder, shared_embedding=True)
+
+
+def t5_options(config):
+  """The model keywords of the config's T5 fields (relative position bias,
+  padding masked before each layer, Mesh TF's loss denominator).
+
+  Example:
+    >>> t5_options(config)["relative_attention_type"]
+    'bias_shared'
+  """
+  return dict(
+      relative_attention_type=(None if config.relative_attention == "none"
+                               else config.relative_attention),
+      relative_attention_num_buckets=config.relative_attention_num_buckets,
+      relative_attention_max_distance=config.relative_attention_max_distance,
+      mask_padding=config.mask_padding,
+      loss_denominator=(float(config.batch_size * config.length)
+                        if config.loss_normalization == "batch_length"
+                        else None))
 
 
 def feature_names(config):
@@ -203,6 +225,14 @@ def make_optimizer(config):
         exclude_from_weight_decay=["norm", "bias"], bias_correction=True)
   if config.optimizer == "momentum":
     return optimize.MomentumOptimizer(schedule, config.momentum)
+  if config.optimizer == "adafactor":
+    together = [d.strip() for d in
+                str(config.adafactor_factor_dims_together).split(",")
+                if d.strip()]
+    return optimize.make_optimizer(
+        "adafactor", schedule,
+        factor_dims_together=[tuple(together)] if together else (),
+        min_dim_size_to_factor=config.adafactor_min_dim_size_to_factor)
   return optimize.make_optimizer(config.optimizer, schedule)
 
 

@@ -36,6 +36,17 @@ from meshtf.train import data as data_lib
 from meshtf.train import experiment
 
 
+def _restore(found, store):
+  """Restores found (an IntactCheckpoint or an init_checkpoint.RestorePlan)
+  into store; returns the names it restores."""
+  from meshtf.train import init_checkpoint
+  if isinstance(found, init_checkpoint.RestorePlan):
+    found.restore_into(store)
+    return set(found.sources)
+  store.restore_values(found.values)
+  return set(found.values)
+
+
 def export(config, model_dir, export_dir, checkpoint=None):
   """Writes the SavedModel of a checkpoint (default: model_dir's newest
   intact one; or a verified checkpoint_lib.IntactCheckpoint) to export_dir
@@ -49,7 +60,7 @@ def export(config, model_dir, export_dir, checkpoint=None):
       model_dir).read_newest_intact()
   if found is None:
     raise FileNotFoundError("no checkpoint in %s" % model_dir)
-  store.restore_values(found.values)
+  restored = _restore(found, store)
   sink = experiment.MoeMetrics()
   model = experiment.build_model(config, sink)
   seq2seq = config.model_type == "bitransformer"
@@ -112,7 +123,7 @@ def export(config, model_dir, export_dir, checkpoint=None):
   args = (zeros, zeros) if seq2seq else (zeros,)
   score_fn(*args)
   (decode_fn if cached else argmax_fn)(*args)
-  missing = [n for n in store.names() if n not in found.values]
+  missing = [n for n in store.names() if n not in restored]
   if missing:
     raise ValueError("export: variables %s are not in the checkpoint" %
                      missing[:3])

@@ -135,6 +135,10 @@ RANGES = (
     ("pipeline_stages", POSITIVE, "set {flag}=1 (1: no pipelining)"),
     ("num_microbatches", POSITIVE, "set {flag}=1 (1: no pipelining)"),
     ("circular_repeats", POSITIVE, "set {flag}=1 (1: no pipelining)"),
+    ("relative_attention_num_buckets", Allowed(integer=True, low=2),
+     "set {flag}=32 (T5's)"),
+    ("relative_attention_max_distance", Allowed(integer=True, low=2),
+     "set {flag}=128 (T5's)"),
     # Mixture of Experts
     ("moe.num_experts", COUNT, "set {flag}=0 (no MoE) or a number of "
      "experts"),
@@ -170,6 +174,10 @@ RANGES = (
     ("collective_bucket_mb", NON_NEGATIVE,
      "set {flag}=1.0 (MiB per fused gradient allreduce; 0: one per "
      "gradient)"),
+    ("adafactor_min_dim_size_to_factor", POSITIVE, "set {flag}=128 (Mesh "
+     "TF's)"),
+    ("finetune_steps", COUNT, "set {flag}=0 (train to train_steps) or the "
+     "steps to train past init_checkpoint's step"),
     ("checkpoint_every", POSITIVE, "set {flag} to 1 or more"),
     ("keep_checkpoints", POSITIVE, "set {flag} to 1 or more"),
     ("eval_steps", Allowed(integer=True, low=1, high=MAX_EVAL_BATCHES),

@@ -27,6 +27,7 @@ from meshtf.train import stopping
 from meshtf.train import training_loop
 
 EXPORT_DIR = "export"
+MESH_TF_EXPORT_DIR = "mesh_tf"   # --config.export_format=mesh_tf
 UsageError = errors.UsageError
 
 
@@ -75,6 +76,33 @@ def check_checkpoint(config, model_dir, mode, found=None, graph=None):
                        "lacks (%s...): it was trained with another config: "
                        "pass that --config, or use a new --model_dir for "
                        "this one" % (latest, extra[0]))
+  return found
+
+
+def _starting_checkpoint(config, model_dir, mode, graph, mesh_layout):
+  """model_dir's newest intact checkpoint (checked against the model), or,
+  when model_dir has none and config.init_checkpoint is set, the
+  init_checkpoint.RestorePlan of that checkpoint; with finetune_steps the
+  run's last step (config.train_steps) becomes its step + finetune_steps."""
+  from meshtf.train import checkpoint
+  from meshtf.train import experiment
+  from meshtf.train import init_checkpoint
+  plan = None
+  if config.init_checkpoint and not checkpoint.CheckpointManager(
+      model_dir).checkpoints():
+    found = plan = init_checkpoint.plan_restore(
+        config, graph, experiment.build_model(config, None, mesh_layout))
+  else:
+    found = check_checkpoint(config, model_dir, mode, graph=graph)
+  if config.finetune_steps:
+    config.train_steps = init_checkpoint.finetune_target(config, plan)
+  elif plan is not None and mode == "train" and plan.step is not None and (
+      plan.step >= config.train_steps):
+    raise UsageError(
+        "init_checkpoint is at step %d but train_steps is %d, so there is "
+        "nothing to train (train_steps is the last step, not a count): set "
+        "--config.finetune_steps=N to train N steps past it, or --train_steps"
+        " above %d" % (plan.step, config.train_steps, plan.step))
   return found
 
 
@@ -159,7 +187,7 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   if mode in ("plan", "sweep"):   # no checkpoint: the config alone
     return mesh_layout, None, None
   _check_config_matches(config, model_dir, source)
-  found = check_checkpoint(config, model_dir, mode, graph=graph)
+  found = _starting_checkpoint(config, model_dir, mode, graph, mesh_layout)
   problems = workers_lib.problems(config, mesh_layout, workers, mode)
   if problems:
     raise config_lib.ConfigError(problems)
@@ -242,8 +270,8 @@ def _report_damaged(found, may_move, warn):
   """One warning line per damaged checkpoint skipped; the lock holder
   moves each out of the way (kept as damaged-ckpt-<step>)."""
   from meshtf.train import checkpoint
-  if found is None:
-    return
+  if not isinstance(found, checkpoint.IntactCheckpoint):
+    return   # None, or an init_checkpoint's RestorePlan
   for path, why in found.damaged:
     moved = ""
     if may_move:
@@ -297,7 +325,24 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
 
 
 def export(config, model_dir, log, found=None):
-  """See meshtf/train/export.py."""
+  """See meshtf/train/export.py (export_format saved_model) and
+  mesh_tf_checkpoint.export (mesh_tf)."""
+  if config.export_format == "mesh_tf":
+    from meshtf.train import checkpoint
+    from meshtf.train import init_checkpoint
+    from meshtf.train import mesh_tf_checkpoint
+    found = found or checkpoint.CheckpointManager(
+        model_dir).read_newest_intact()
+    values = (found.full_values()
+              if isinstance(found, init_checkpoint.RestorePlan)
+              else found.values)
+    prefix = mesh_tf_checkpoint.export(
+        config, os.path.join(model_dir, MESH_TF_EXPORT_DIR), found.step,
+        values)
+    log("exported a Mesh TF checkpoint: %s (%s weights; restore it with "
+        "Mesh TF's tf.train.Saver or t5_mesh_transformer --model_dir=%s)" % (
+            prefix, config.export_dtype, os.path.dirname(prefix)))
+    return {"path": prefix}
   from meshtf.train import export as export_lib
   path = export_lib.export(config, model_dir, os.path.join(model_dir,
                                                            EXPORT_DIR),

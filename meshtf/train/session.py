@@ -23,7 +23,8 @@ class Session(object):
     workers: meshtf.train.workers.Workers of a multi-worker mesh, or None.
     mesh_layout: the config's MeshLayout (parsed once by the caller).
     checkpoint: the verified checkpoint to start from (a
-      checkpoint.IntactCheckpoint; default: the newest intact one in
+      checkpoint.IntactCheckpoint, or an init_checkpoint.RestorePlan of
+      --config.init_checkpoint; default: the newest intact one in
       model_dir, read when restore() is called).
   """
 
@@ -117,7 +118,14 @@ class Session(object):
     """Restores the session's checkpoint (default: the newest intact one in
     model_dir) into the store (values are taken when the variables are
     created); returns its step or None."""
+    from meshtf.train import init_checkpoint
     found = self.checkpoint
+    if isinstance(found, init_checkpoint.RestorePlan):
+      found.restore_into(self.store)   # read slice by slice when created
+      if self.mode != "train":          # train prints it in its header
+        for line in found.lines():
+          self.log(line)
+      return found.step
     if found is None:
       found = self.manager.read_newest_intact()
     if found is None:

@@ -348,9 +348,15 @@ def print_header(session, start_step):
                  "%d" % (w.num_workers, w.index,
                          ", the chief" if w.is_chief else "",
                          _ranges(session.rows), config.batch_size))
-  lines.append("model_dir: %s (%s)" % (
-      session.model_dir, "resumed from step %d" % start_step
-      if start_step else "new"))
+  from meshtf.train import init_checkpoint
+  plan = session.checkpoint
+  if isinstance(plan, init_checkpoint.RestorePlan):
+    lines.extend(plan.lines())
+    state = "new; from init_checkpoint at step %d, to step %d" % (
+        start_step, config.train_steps)
+  else:
+    state = "resumed from step %d" % start_step if start_step else "new"
+  lines.append("model_dir: %s (%s)" % (session.model_dir, state))
   for l in lines:
     log(l)
 
