@@ -143,20 +143,23 @@ def _file_problems(config, files, patterns, key, keys):
   out = []
   task = config.task
   fix = "--config.task.%s=a.txt,b.txt" % key
+  hints = set()   # a name split at its comma: said once, for both halves
   for i, path in enumerate(files):
     fmt = sources.file_format(path, task.data_format)
+    if not os.path.lexists(path):
+      hint = sources.comma_hint(path, patterns)
+      if hint and hint in hints:
+        continue
+      hints.add(hint)
+      out.append("data file %s does not exist%s: pass existing %s files, "
+                 "e.g. %s" % (path, hint, "TFRecord" if fmt == "tfrecord"
+                              else "text", fix))
+      continue
     if i >= CHECKED_FILES:
-      if not os.path.isfile(path):
-        out.append("data file %s does not exist%s: pass existing files, e.g."
-                   " %s" % (path, sources.comma_hint(path, patterns), fix))
       continue
     problem = sources.file_problem(
         path, "data file", fix, fmt, pairs=bool(task.seq2seq) and
         fmt == "text", text_keys=keys)
-    if problem and not os.path.exists(path):
-      hint = sources.comma_hint(path, patterns)
-      problem = problem.replace(" does not exist:", " does not exist%s:" %
-                                hint, 1) if hint else problem
     if problem:
       out.append(problem)
   if files and any(sources.file_format(f, task.data_format) == "tfrecord"
