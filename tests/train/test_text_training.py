@@ -2,7 +2,10 @@
 in-process): a bitransformer trains on T5's span corruption from a gzip
 text file and, resumed from its checkpoint, continues with the losses of
 the uninterrupted run (the input position is in the checkpoint's
-meta.json); a decoder-only LM trains on a glob of TFRecord shards."""
+meta.json); a decoder-only LM trains on a glob of TFRecord shards. Both
+export a SavedModel whose decode_text signature turns prompt strings into
+the strings --mode=decode writes -- for the LM in a fresh process where
+meshtf cannot be imported, on more prompts than the export batch."""
 import gzip
 import io
 import json
@@ -10,6 +13,8 @@ import math
 import os
 import random
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 
@@ -42,6 +47,21 @@ def _config(**task):
   for k, v in task.items():
     c.task[k] = v
   return c
+
+
+PROMPTS = ["abc de", "fgh ij klm", "no"]
+
+
+def _decode_and_export(c, model_dir, tmp_path):
+  """(the --mode=decode strings of PROMPTS, the export's path)."""
+  prompts = tmp_path / "prompts.txt"
+  prompts.write_text("\n".join(PROMPTS) + "\n")
+  c.decode_prompts_file = str(prompts)
+  decoded = main.run(c, "decode", model_dir, out=io.StringIO())["outputs"]
+  c.decode_prompts_file = ""
+  c.export_batch_size = 2     # fewer than the prompts: decode_text batches
+  path = main.run(c, "export", model_dir, out=io.StringIO())["path"]
+  return decoded, path
 
 
 def _losses(model_dir):
@@ -78,6 +98,13 @@ def test_span_corruption_trains_from_gzip_and_resumes_exactly(tmp_path):
   np.testing.assert_allclose([got[4], got[5]], [want[4], want[5]],
                              rtol=1e-6)
   assert os.path.isfile(os.path.join(parts, "vocab.model"))
+  decoded, path = _decode_and_export(c, parts, tmp_path)
+  assert len(decoded) == 3 and any(decoded), decoded
+  import tensorflow as tf
+  import tensorflow_text  # noqa: F401  (its ops: the SavedModel's tokenizer)
+  model = tf.saved_model.load(path)
+  got = model.signatures["decode_text"](text=tf.constant(PROMPTS))
+  assert [t.decode() for t in got["outputs"].numpy()] == decoded
 
 
 def test_tfrecord_shards_train_an_lm(tmp_path):
@@ -101,3 +128,29 @@ def test_tfrecord_shards_train_an_lm(tmp_path):
   assert all(math.isfinite(r["loss"]) for r in result["history"])
   with open(os.path.join(model_dir, "ckpt-2", "meta.json")) as f:
     assert json.load(f)["extra"]["input"]["data"]["units"] == 3
+  decoded, path = _decode_and_export(c, model_dir, tmp_path)
+  assert len(decoded) == 3 and any(decoded)
+  script = (
+      "import json, sys\n"
+      "class NoMeshtf:\n"
+      "  def find_spec(self, name, *args):\n"
+      "    if name.split('.')[0] == 'meshtf':\n"
+      "      raise ImportError('meshtf is not installed here')\n"
+      "sys.meta_path.insert(0, NoMeshtf())\n"
+      "try:\n"
+      "  import meshtf\n"
+      "  sys.exit('meshtf imported')\n"
+      "except ImportError:\n"
+      "  pass\n"
+      "import tensorflow as tf\n"
+      "import tensorflow_text\n"
+      "m = tf.saved_model.load(sys.argv[1])\n"
+      "out = m.signatures['decode_text'](text=tf.constant(sys.argv[2:]))\n"
+      "print(json.dumps([t.decode() for t in out['outputs'].numpy()]))\n")
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+  done = subprocess.run([sys.executable, "-c", script, path] + PROMPTS,
+                        cwd=str(tmp_path), env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert json.loads(done.stdout.strip().splitlines()[-1]) == decoded
