@@ -236,9 +236,17 @@ class Stream(object):
     self._next_step = step
 
   def _map(self, fn, items):
+    """[fn(x) for x in items], in reader_threads groups of lanes at once
+    (one task per group: a row is usually cheap, a new window is not)."""
     if self._pool is None or len(items) == 1:
       return [fn(x) for x in items]
-    return list(self._pool.map(fn, items))
+    n = min(self.reader_threads, len(items))
+    groups = [items[i::n] for i in range(n)]
+    done = list(self._pool.map(lambda g: [fn(x) for x in g], groups))
+    out = [None] * len(items)
+    for i, results in enumerate(done):
+      out[i::n] = results
+    return out
 
   def _make(self, rows):
     lanes = [self._lane(j) for j in rows]

@@ -147,7 +147,7 @@ def _train(session, progress=None, stops=None):
   # after the step in flight (deferral entered below).
   stops.phase = "tracing and lowering the training step"
   if step < end:
-    print_header(session, start_step)
+    print_header(session, start_step, data)
     log("tracing and lowering the training step ...")
   saved_step = start_step if session.restored_names is not None else None
   bar = None
@@ -334,9 +334,10 @@ def _save(session, step, config, saved_step, data=None):
 
 
 # --- what is printed ----------------------------------------------------------
-def print_header(session, start_step):
+def print_header(session, start_step, data=None):
   """The run's header, before tracing: model, task, mesh, layout,
-  parameters per device (from the symbolic graph), workers, model_dir.
+  parameters per device (from the symbolic graph), the streamed data
+  (units, objective, vocabulary), workers, model_dir.
 
   Example:
     >>> print_header(session, start_step=0)   # "model_dir: /tmp/m (new)"
@@ -376,6 +377,15 @@ def print_header(session, start_step):
                    format(counts["per_device"], ","),
                    format(counts["optimizer_per_device"], ",")),
   ]
+  stream = getattr(data, "train_source", None)
+  if hasattr(stream, "units"):
+    vocab = data.vocab
+    lines.append("data: %d units of %d files, objective %s; %s" % (
+        len(stream.units), len({u.path for u in stream.units}),
+        stream.objective.name, "vocabulary %d ids%s: %s" % (
+            vocab.size, " (%d extra ids)" % vocab.extra_ids
+            if vocab.extra_ids else "", vocab.source)
+        if vocab is not None else "token ids (no vocabulary)"))
   if max(config.pipeline_stages, config.num_microbatches,
          config.circular_repeats) > 1:
     lines.append(pipeline_line(config))
