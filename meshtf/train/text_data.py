@@ -547,8 +547,7 @@ def _feature_names(tfds, features, prefix=""):
   return out
 
 
-def _text_value(example, key):
-  value = example
-  for part in key.split("/"):
-    value = value[part]
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+__all__ = ["DataError", "VOCAB_NAME", "TextData", "text_file_problem",
+           "task_problems", "make_text_data", "make_objective",
+           "model_vocabulary", "vocab_size_problem", "sample_texts",
+           "tfds_units", "is_text_task", "objective_name"]

@@ -188,3 +188,32 @@ def test_make_text_data_from_the_config(corpus, tmp_path):
   text.train.close()
   assert config_lib.DATA_FORMATS == sources.FORMATS
   assert config_lib.TASK_OBJECTIVES == ("",) + objectives.OBJECTIVES
+
+
+def test_bad_lines_past_the_checked_head_are_one_line_when_read(tmp_path):
+  """The preflight reads a file's first 64 KiB; a bad line after them is
+  the same one line (file, line, fix) when a lane reads it."""
+  good = "".join("input %d\ttarget %d\n" % (i, i) for i in range(6000))
+  path = tmp_path / "pairs.tsv"
+  path.write_text(good + "a line without its tab\n")
+  assert sources.file_problem(str(path), pairs=True) is None
+  spec = sources.ReadSpec("text", pairs=True)
+  units = sources.make_units([str(path)], "text", 1 << 16)
+  with pytest.raises(text_data.DataError) as e:
+    for u in units:
+      list(sources.read_unit(u, spec))
+  assert str(e.value).startswith("data file %s line 6001 has no tab" % path)
+  latin = tmp_path / "latin.txt"
+  latin.write_bytes(good.encode() + b"caf\xe9\n")
+  with pytest.raises(text_data.DataError) as e:
+    for u in sources.make_units([str(latin)], "text", 1 << 16):
+      list(sources.read_unit(u, sources.ReadSpec("text")))
+  assert "latin.txt is not UTF-8 text: byte 0xe9 at line 6001" in str(e.value)
+  # Through a stream's prefetch thread, as the training loop meets it.
+  vocab = vocabulary.train_vocabulary(good.split("\n")[:500], 40)
+  stream = streams.Stream(units, spec, objectives.Objective("seq2seq", 16),
+                          2, vocab=vocab)
+  with pytest.raises(text_data.DataError, match="line 6001 has no tab"):
+    for step in range(5000):
+      stream.batch(step)
+  stream.close()
