@@ -28,12 +28,18 @@ setup(
         # (with tf-keras).
         "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis",
                  "tensorflow-datasets", "importlib_resources",
+                 "tensorflow-text",
                  "mesh-tensorflow==0.1.21", "gin-config", "scipy",
                  "tensorflow-probability", "tf-keras"],
         # Reading TFDS datasets from a local data_dir (never downloads);
         # importlib_resources: TFDS 4.9.10's download_and_prepare (tfds
         # build) imports it on Python >= 3.9 without declaring it.
         "tfds": ["tensorflow-datasets", "importlib_resources"],
+        # A text task's SavedModel takes and returns strings: its
+        # decode_text signature tokenizes with tensorflow-text's
+        # SentencePiece ops, so exporting it and serving it need the
+        # package (the id signatures need TensorFlow alone).
+        "text": ["tensorflow-text"],
         # bench/peers.py's JAX runs (never a test dependency).
         "peers": ["jax[cpu]"],
     },

@@ -285,6 +285,8 @@ OTHER_COMMANDS = {
     "sweep": "--mode=sweep",
     "auto_layout": "--layout=auto",
     "pipeline": "--config.pipeline_stages=2",
+    "text_lm": "--config.task.data_files=",
+    "text_lm_export": "--mode=export",
 }
 
 
@@ -402,3 +404,27 @@ def test_pipeline_snippet_runs_and_shows_the_bubble():
   shown = code.split("bubble_fraction(2, 4, 2)", 1)[1].split("# ", 1)[1]
   assert shown.startswith("0.111") and str(
       mtf.pipeline.bubble_fraction(2, 4, 2)).startswith("0.111")
+
+
+# --- text data ------------------------------------------------------------------
+def test_text_data_commands_and_snippet_work_as_written(tmp_path,
+                                                        monkeypatch):
+  """The guide's text LM on the repository's docs trains, exports, and its
+  decode_text snippet prints one string per prompt in a fresh process."""
+  import os
+  import subprocess
+  import sys
+  out = _run_other("text_lm", tmp_path, monkeypatch)
+  assert "task: README.md,docs/*.md;" in out, out[-2000:]
+  assert (tmp_path / "text_lm" / "vocab.model").is_file()
+  _run_other("text_lm_export", tmp_path, monkeypatch)
+  text = _doc("training-binary.md").split("## Text data at corpus scale",
+                                          1)[1]
+  snippet = text.split("```python", 1)[1].split("```", 1)[0]
+  snippet = snippet.replace("/tmp/", str(tmp_path) + "/")
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  r = subprocess.run([sys.executable, "-c", snippet], capture_output=True,
+                     text=True, timeout=300, cwd=str(tmp_path), env=env)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert r.stdout.strip().startswith("[b'") and r.stdout.count("b'") + \
+      r.stdout.count('b"') == 2, r.stdout

@@ -245,7 +245,10 @@ class CheckpointManager(object):
     holds NaN or Inf.
 
     In a multi-worker mesh every worker must call save (gathering a
-    variable's slices is a collective); only the chief writes.
+    variable's slices is a collective); only the chief writes. `extra`
+    (a JSON-able dict, or a function returning one, called on the chief
+    after the values are gathered) is saved in meta.json: written with
+    the checkpoint, atomically.
     """
     step = int(step)
     values = {}
@@ -259,6 +262,8 @@ class CheckpointManager(object):
         raise NonFiniteError(name, step)
     if not is_chief():
       return os.path.join(self.directory, "ckpt-%d" % step)
+    if callable(extra):
+      extra = extra()
     os.makedirs(self.directory, exist_ok=True)
     final = os.path.join(self.directory, "ckpt-%d" % step)
     tmp = tempfile.mkdtemp(prefix="%s%d-" % (_TMP_PREFIX, step),

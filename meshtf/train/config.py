@@ -47,6 +47,10 @@ GATINGS = ("top_2", "switch")
 MODES = ("train", "eval", "decode", "export", "plan", "sweep")
 DECODE_METHODS = ("cached", "recompute")
 DECODE_STRATEGIES = ("greedy", "sample", "beam")
+# meshtf/train/sources.py's FORMATS and objectives.py's OBJECTIVES ("":
+# lm, or seq2seq for pairs); tests/train/test_streams.py keeps them equal.
+DATA_FORMATS = ("auto", "text", "tfrecord")
+TASK_OBJECTIVES = ("", "lm", "seq2seq", "prefix_lm", "span_corruption")
 
 
 def default_config():
@@ -130,16 +134,32 @@ def default_config():
   # --- data -------------------------------------------------------------------
   c.task = ml_collections.ConfigDict()
   c.task.problem = "reverse"   # synthetic: copy | reverse | addition
-  c.task.data_files = ""       # comma-separated text files (instead of a
-  #                              synthetic problem); a vocabulary is
-  #                              trained on them in model_dir
-  c.task.eval_data_files = ""  # held-out text files (default: data_files)
+  c.task.data_files = ""       # comma-separated text or TFRecord files
+  #                              and globs ("corpus/*.txt.gz"; "\," is a
+  #                              comma in a name), streamed (instead of a
+  #                              synthetic problem)
+  c.task.eval_data_files = ""  # held-out files (default: data_files)
+  c.task.data_format = "auto"  # auto (".tfrecord" in a name: TFRecord,
+  #                              else text; gzip by its bytes) | text |
+  #                              tfrecord
   c.task.seq2seq = False       # text: input<TAB>target lines
+  c.task.objective = ""        # "" (lm; seq2seq for pairs) | lm | seq2seq
+  #                              | prefix_lm | span_corruption (T5's)
+  c.task.noise_density = 0.15  # span_corruption: the noise fraction
+  c.task.mean_noise_span_length = 3.0  # span_corruption: tokens per span
+  c.task.vocab_file = ""       # an existing sentencepiece .model (e.g.
+  #                              T5's); "": one trained on a sample of the
+  #                              data (saved in model_dir as vocab.model)
+  c.task.extra_ids = 0         # sentinels appended to the vocabulary
+  #                              (T5: 100; <extra_id_0> is the last id)
+  c.task.vocab_sample_mb = 4.0  # text a vocabulary is trained on, at most
+  c.task.reader_threads = 2    # batch rows read in parallel
   c.task.tfds_name = ""        # a TFDS dataset read from tfds_data_dir
   c.task.tfds_data_dir = ""   # a local TFDS data_dir (never downloads)
   c.task.tfds_split = "train"  # the split trained on
   c.task.tfds_eval_split = "validation"  # the held-out split
-  c.task.text_keys = "text"    # TFDS features (one: lm, two: seq2seq)
+  c.task.text_keys = "text"    # TFDS / TFRecord features (one: lm, two:
+  #                              seq2seq)
 
   # --- mesh -------------------------------------------------------------------
   c.mesh_shape = "data:4;model:2"  # the processor mesh, named axes
@@ -543,31 +563,10 @@ def _task_problems(config):
   from meshtf.train import data
   task = config.task
   out = []
-  files = [f.strip() for f in str(task.data_files).split(",") if f.strip()]
-  eval_files = [f.strip() for f in str(task.eval_data_files).split(",")
-                if f.strip()]
-  if files or eval_files:
-    from meshtf.train import text_data
-    for f in files + eval_files:
-      problem = text_data.text_file_problem(
-          f, "data file", "--config.task.%s=a.txt,b.txt" % (
-              "data_files" if f in files else "eval_data_files"))
-      if problem:
-        out.append(problem)
-    if not files:
-      out.append("task.eval_data_files is set but task.data_files is empty: "
-                 "set --config.task.data_files")
-    if config.model_type == "bitransformer" and not task.seq2seq:
-      out.append("a bitransformer needs input<TAB>target text: set "
-                 "--config.task.seq2seq=True")
-    return out
-  if task.tfds_name:
-    if not task.tfds_data_dir or not os.path.isdir(task.tfds_data_dir):
-      out.append("task.tfds_data_dir=%r does not exist; meshtf never "
-                 "downloads: prepare %s there first (tfds build) or set "
-                 "--config.task.data_files" % (task.tfds_data_dir,
-                                               task.tfds_name))
-    return out
+  from meshtf.train import text_data
+  if str(task.data_files).strip() or str(task.eval_data_files).strip() or \
+      task.tfds_name:
+    return text_data.task_problems(config)
   if task.problem not in data.PROBLEMS:
     out.append("task.problem=%r is not a synthetic problem (%s): set "
                "--config.task.problem=reverse, or --config.task.data_files"

@@ -56,7 +56,7 @@ class Prompts(object):
       of the first prompt, whose decodes are dropped).
     count: the number of prompts.
     has_answers: True when the rows carry reference outputs (synthetic).
-    vocab: the sentencepiece processor of text prompts, else None.
+    vocab: the vocabulary.Vocabulary of text prompts, else None.
   """
 
   def __init__(self, lines, batches, count, has_answers, vocab=None):
@@ -113,13 +113,12 @@ def read_prompts(config, model_dir):
 
 def _text_prompts(config, model_dir, path, numbered, seq2seq):
   from meshtf.train import text_data
-  vocab_path = os.path.join(model_dir, text_data.VOCAB_NAME)
-  if not os.path.exists(vocab_path):
+  vocab = text_data.model_vocabulary(config, model_dir)
+  if vocab is None:
     raise PromptError("text prompts need the vocabulary training saved in "
                       "model_dir, but %s does not exist: train with this "
-                      "--model_dir first" % vocab_path)
-  import sentencepiece as spm
-  vocab = spm.SentencePieceProcessor(model_file=vocab_path)
+                      "--model_dir first (or set --config.task.vocab_file)"
+                      % os.path.join(model_dir, text_data.VOCAB_NAME))
   length = config.length
   rows = []
   for number, line in numbered:
@@ -353,8 +352,7 @@ def decode(session, data, step, log, prompt_set=None):
     rows_done += len(rows)
     if first is None:
       first = (batch, decoded)
-  vocab = prompt_set.vocab if prompt_set is not None else getattr(
-      data.vocab, "vocab", None)
+  vocab = prompt_set.vocab if prompt_set is not None else data.vocab
   texts = [_text(vocab, o) for o in decoded_rows]
   result = {"exact_match": exact / count if has_answers else None,
             "token_accuracy": token / count if has_answers else None,

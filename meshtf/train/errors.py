@@ -45,6 +45,12 @@ class UsageError(ValueError):
   exit code 2."""
 
 
+class DataError(UsageError):
+  """Missing or unusable training data -- files, their contents, a
+  vocabulary, a TFDS dataset: one line naming the file (and line) and the
+  fix, exit code 2. meshtf.train.text_data re-exports it."""
+
+
 class DivergedError(RuntimeError):
   """Training produced a non-finite loss, gradient norm or variable: one
   line naming the step and the likely causes, exit code 1."""
@@ -73,5 +79,5 @@ def is_disk_full(error):
       "No space left on device" in text or "Disk quota exceeded" in text)
 
 
-__all__ = ["ConfigError", "UsageError", "DivergedError", "DiskFullError", "is_disk_full",
+__all__ = ["ConfigError", "UsageError", "DataError", "DivergedError", "DiskFullError", "is_disk_full",
            "EXIT_USAGE", "EXIT_DIVERGED"]

@@ -311,10 +311,12 @@ def parameter_counts(graph, mesh_layout):
 # --- data ---------------------------------------------------------------------
 class Data(object):
   """Train / held-out batches: .batch(step) -> dict of int32/float32 numpy
-  arrays; for synthetic tasks also the task (for decoding)."""
+  arrays; for synthetic tasks also the task (for decoding), for text tasks
+  the vocabulary and whether model_dir still lacks it (vocab_is_new).
+  A streamed source's position is train_state() / restore_train()."""
 
   def __init__(self, train, held_out, batch_size, seed, eval_seed,
-               synthetic=None, vocab=None):
+               synthetic=None, vocab=None, vocab_is_new=False):
     self.train_source = train
     self.eval_source = held_out
     self.batch_size = batch_size
@@ -322,6 +324,7 @@ class Data(object):
     self.eval_seed = eval_seed
     self.synthetic = synthetic
     self.vocab = vocab
+    self.vocab_is_new = vocab_is_new
 
   def train_batch(self, step, rows=None):
     """The batch of a training step (only `rows` of it: a worker's share)."""
@@ -331,6 +334,23 @@ class Data(object):
   def eval_batch(self, i, rows=None):
     return _complete(self.eval_source.batch(i, self.batch_size,
                                             seed=self.eval_seed, rows=rows))
+
+  def train_state(self):
+    """The training stream's position (JSON-able), or None when batches
+    are computed from the step alone (synthetic tasks)."""
+    state = getattr(self.train_source, "state", None)
+    return state() if state is not None else None
+
+  def restore_train(self, state, step):
+    """Continues the training stream at `step` from a train_state();
+    returns None or a one-line warning (the position could not be used)."""
+    restore = getattr(self.train_source, "restore", None)
+    return restore(state, step) if restore is not None else None
+
+  def close(self):
+    for source in (self.train_source, self.eval_source):
+      if hasattr(source, "close"):
+        source.close()
 
 
 def _complete(batch):
@@ -347,64 +367,22 @@ def _complete(batch):
 
 
 def make_data(config, model_dir):
-  """The config's data: a synthetic task (held-out = another seed), text
-  files (sentencepiece vocabulary trained in model_dir on first use) or a
-  local TFDS dataset. Raises text_data.DataError on unusable data."""
+  """The config's data: a synthetic task (held-out = another seed), or
+  streamed text (files or a local TFDS dataset; meshtf/train/text_data.py)
+  with its vocabulary. Raises text_data.DataError on unusable data; writes
+  nothing."""
   from meshtf.train import text_data
   eval_seed = config.seed + 1 if config.eval_seed < 0 else config.eval_seed
   seq2seq = config.model_type == "bitransformer"
   task = config.task
-  files = [f.strip() for f in str(task.data_files).split(",") if f.strip()]
-  if files:
-    train = text_data.TextDataset(files, model_dir, config.length,
-                                  config.vocab_size, seq2seq=task.seq2seq,
-                                  seed=config.seed)
-    eval_files = [f.strip() for f in str(task.eval_data_files).split(",")
-                  if f.strip()]
-    held = (text_data.TextDataset(eval_files, model_dir, config.length,
-                                  config.vocab_size, seq2seq=task.seq2seq,
-                                  seed=eval_seed) if eval_files else train)
-    _check_vocab(config, train.vocab_size)
-    return Data(train, held, config.batch_size, config.seed, eval_seed,
-                vocab=train)
-  if task.tfds_name:
-    keys = tuple(k.strip() for k in str(task.text_keys).split(",")
-                 if k.strip())
-    if len(keys) != (2 if seq2seq else 1):  # else a KeyError or lost inputs
-      raise text_data.DataError(
-          "model_type=%s needs %s TFDS text feature%s but task.text_keys is "
-          "%r: set --config.task.text_keys=%s" % (
-              config.model_type, "two (input,target)" if seq2seq else "one",
-              "s" if seq2seq else "", task.text_keys,
-              "input_feature,target_feature" if seq2seq else "text"))
-    # Read (and so check) both splits before a vocabulary is written.
-    texts = {split: text_data.tfds_texts(task.tfds_name, task.tfds_data_dir,
-                                         split, keys)
-             for split in (task.tfds_split, task.tfds_eval_split)}
-
-    def rows(split, seed):
-      return text_data.TextDataset.from_texts(
-          texts[split], "TFDS dataset %s in %s split %r" % (
-              task.tfds_name, task.tfds_data_dir, split),
-          model_dir, config.length, config.vocab_size, seed=seed)
-    train = rows(task.tfds_split, config.seed)   # trains the vocabulary
-    held = rows(task.tfds_eval_split, eval_seed)
-    _check_vocab(config, train.vocab_size)
-    return Data(train, held, config.batch_size, config.seed, eval_seed,
-                vocab=train)
+  if text_data.is_text_task(config):
+    text = text_data.make_text_data(config, model_dir)
+    return Data(text.train, text.held_out, config.batch_size, config.seed,
+                eval_seed, vocab=text.vocab, vocab_is_new=text.vocab_is_new)
   synthetic = data_lib.SyntheticTask(task.problem, config.vocab_size,
                                      config.length, seq2seq=seq2seq)
   return Data(synthetic, synthetic, config.batch_size, config.seed,
               eval_seed, synthetic=synthetic)
-
-
-def _check_vocab(config, data_vocab_size):
-  from meshtf.train import text_data
-  if data_vocab_size > config.vocab_size:
-    raise text_data.DataError(
-        "the data's vocabulary has %d pieces but vocab_size is %d: set "
-        "--config.vocab_size=%d" % (data_vocab_size, config.vocab_size,
-                                    data_vocab_size))
 
 
 # --- mesh ---------------------------------------------------------------------

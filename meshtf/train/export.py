@@ -2,7 +2,8 @@
 
 The latest checkpoint is restored on a 1-device mesh, so every variable is
 one plain tf.Variable holding its full value; the model is lowered there
-into ordinary TensorFlow ops. The SavedModel has two signatures:
+into ordinary TensorFlow ops. The SavedModel has two signatures (three for
+a text task):
 
   score(targets[, inputs])  -> {"loss": [n] mean cross entropy per example
                                 over its non-padding target tokens,
@@ -12,15 +13,26 @@ into ordinary TensorFlow ops. The SavedModel has two signatures:
                                 the prompt, then the model's tokens until
                                 EOS (1), then padding}
 
+  decode_text(text)         (text tasks) -> {"outputs": [n] strings}: each
+                            prompt (a language model continues it; an
+                            encoder-decoder decodes it) tokenized, decoded
+                            greedily and detokenized in the graph with
+                            tensorflow-text's SentencepieceTokenizer (the
+                            vocabulary training saved); any n (batches of
+                            the export batch size inside); the same
+                            strings as --mode=decode of a prompt file
+
 Decoding uses the model's key/value caches in one while loop
 (meshtf.models.decoding), or re-runs the model on the growing prefix when
 the config's decode method says so (see experiment.decode_method).
 Inputs are int32 [n, length] with n <= the export batch size (batches are
-padded to it inside). Loading needs TensorFlow only:
+padded to it inside). Loading needs TensorFlow only (and, for
+decode_text, `import tensorflow_text`, which registers its ops):
 
 Example:
   >>> m = tf.saved_model.load("/tmp/m/export")
   >>> m.signatures["score"](targets=tf.constant(ids))["loss"]
+  >>> m.signatures["decode_text"](text=tf.constant(["the cat"]))["outputs"]
 """
 import os
 import shutil
@@ -34,6 +46,7 @@ from meshtf.models import transformer
 from meshtf.train import checkpoint as checkpoint_lib
 from meshtf.train import data as data_lib
 from meshtf.train import experiment
+from meshtf.train import vocabulary
 
 
 def _restore(found, store):
@@ -182,6 +195,13 @@ def export(config, model_dir, export_dir, checkpoint=None):
 
   module.score = score
   module.decode = decode
+  signatures = {"score": score.get_concrete_function(),
+                "decode": decode.get_concrete_function()}
+  decode_text = _text_signature(config, model_dir, module, decode, seq2seq,
+                                batch, length)
+  if decode_text is not None:
+    module.decode_text = decode_text
+    signatures["decode_text"] = decode_text.get_concrete_function()
   # Written under a temporary name and renamed when complete: a stop
   # (Ctrl-C, SIGTERM, an error) leaves the previous export or none, never
   # half of one.
@@ -190,9 +210,7 @@ def export(config, model_dir, export_dir, checkpoint=None):
   try:
     if os.path.exists(tmp):
       shutil.rmtree(tmp)
-    tf.saved_model.save(module, tmp, signatures={
-        "score": score.get_concrete_function(),
-        "decode": decode.get_concrete_function()})
+    tf.saved_model.save(module, tmp, signatures=signatures)
     if os.path.exists(export_dir):
       os.rename(export_dir, old)
     os.rename(tmp, export_dir)
@@ -203,6 +221,84 @@ def export(config, model_dir, export_dir, checkpoint=None):
     raise
   shutil.rmtree(old, ignore_errors=True)
   return export_dir
+
+
+def signature_names(export_dir):
+  """The signatures of an export, from its saved_model.pb (no loading).
+
+  Example:
+    >>> signature_names("/tmp/m/export")
+    ['decode', 'decode_text', 'score']
+  """
+  from tensorflow.core.protobuf import saved_model_pb2
+  proto = saved_model_pb2.SavedModel()
+  with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+    proto.ParseFromString(f.read())
+  return sorted(k for k in proto.meta_graphs[0].signature_def
+                if not k.startswith("__"))
+
+
+def _text_signature(config, model_dir, module, decode, seq2seq, batch,
+                    length):
+  """decode_text for a text task (None for a synthetic one): strings in,
+  strings out, tokenized with the vocabulary's own bytes in the graph."""
+  from meshtf.train import text_data
+  if not text_data.is_text_task(config):
+    return None
+  vocab = text_data.model_vocabulary(config, model_dir)
+  if vocab is None:
+    return None   # token-id data: the id signatures are the interface
+  import tensorflow_text as tft   # registers the SentencePiece ops
+  module.tokenizer = tft.SentencepieceTokenizer(model=vocab.model_proto)
+  size = vocab.size
+  eos = data_lib.EOS
+
+  def one_batch(ids, lengths):
+    """Decodes [batch, length] prompts; returns the generated ids (after
+    the prompt, through the first EOS; ids past the vocabulary as
+    unknown) and the mask of them."""
+    if seq2seq:
+      out = decode(inputs=ids)["outputs"]
+      start = tf.zeros_like(lengths)
+    else:
+      out = decode(targets=ids, prompt_length=lengths)["outputs"]
+      start = lengths
+    positions = tf.range(length)[tf.newaxis, :]
+    after = positions >= start[:, tf.newaxis]
+    eos_before = tf.cumsum(tf.cast(tf.logical_and(after, tf.equal(
+        out, eos)), tf.int32), axis=1, exclusive=True)
+    keep = after & tf.equal(eos_before, 0) & (out > eos)
+    return tf.where(out >= size, vocabulary.UNK_ID, out), keep
+
+  @tf.function(autograph=False, input_signature=[
+      tf.TensorSpec([None], tf.string)])
+  def decode_text(text):
+    tokens = module.tokenizer.tokenize(tf.strings.strip(text))
+    lengths = tf.cast(tokens.row_lengths(), tf.int32)
+    room = length - 1   # + EOS (inputs), or + one generated token (lm)
+    check = tf.debugging.assert_less_equal(
+        lengths, room, message="decode_text: a prompt has more tokens than "
+        "length - 1 = %d leaves room for" % room)
+    with tf.control_dependencies([check]):
+      if seq2seq:
+        tokens = tf.concat([tokens, tf.ones_like(tokens[:, :1])], axis=1)
+      ids = tokens.to_tensor(0, shape=[None, length])
+    n = tf.shape(ids)[0]
+    chunks = (n + batch - 1) // batch
+    pad = chunks * batch - n
+    ids = tf.reshape(tf.pad(ids, [[0, pad], [0, 0]]), [chunks, batch,
+                                                       length])
+    lengths_c = tf.reshape(tf.pad(lengths, [[0, pad]], constant_values=1),
+                           [chunks, batch])
+    # Each chunk is one export batch; map_fn runs them in order.
+    out, keep = tf.map_fn(
+        lambda x: one_batch(x[0], x[1]), (ids, lengths_c),
+        fn_output_signature=(tf.int32, tf.bool))
+    out = tf.reshape(out, [-1, length])[:n]
+    keep = tf.reshape(keep, [-1, length])[:n]
+    return {"outputs": module.tokenizer.detokenize(
+        tf.ragged.boolean_mask(out, keep))}
+  return decode_text
 
 
 def _greedy(predict, prompt_length, prompt):
@@ -230,4 +326,4 @@ def _greedy(predict, prompt_length, prompt):
   return cur
 
 
-__all__ = ["export"]
+__all__ = ["export", "signature_names"]

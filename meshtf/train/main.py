@@ -19,8 +19,9 @@ decode  greedy, sampling or beam-search decoding of held-out inputs or of
         a prompt file, with exact-match accuracy where answers are known
         (meshtf/train/decode.py).
 export  a SavedModel (plain tf.Variables, full values) with signatures
-        "score" (targets -> per-example loss) and "decode" (greedy), which
-        TensorFlow loads without meshtf.
+        "score" (targets -> per-example loss) and "decode" (greedy), and
+        for text tasks "decode_text" (strings -> strings, SentencePiece in
+        the graph), which TensorFlow loads without meshtf.
 
 Without --config, a model_dir that has been trained in supplies its
 config.json (so eval, decode and export need only --model_dir); a --config

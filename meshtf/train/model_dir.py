@@ -322,8 +322,9 @@ def _stale_message(model_dir, owner):
 # --- leftovers ----------------------------------------------------------------
 def clean_leftovers(model_dir, manager):
   """Deletes what an interrupted run left in model_dir: temporary
-  checkpoint folders and index files (manager.remove_temporary), and
-  half-written config, metrics or vocabulary files. Call it holding the
+  checkpoint folders and index files (manager.remove_temporary),
+  half-written config, metrics or vocabulary files, and the input positions
+  a worker left for a save that did not happen. Call it holding the
   lock. Returns the names removed.
 
   Example:
@@ -335,7 +336,8 @@ def clean_leftovers(model_dir, manager):
     return removed
   for name in sorted(os.listdir(model_dir)):
     if name.startswith((CONFIG_FILE + ".tmp-", "metrics.jsonl.tmp",
-                        ".tmp-vocab-", LOCK_FILE + ".stale-")):
+                        ".tmp-vocab-", "vocab.model.tmp-",
+                        ".input-positions-", LOCK_FILE + ".stale-")):
       path = os.path.join(model_dir, name)
       if os.path.isfile(path):
         os.remove(path)

@@ -34,6 +34,8 @@ _CHOICES = {
     "moe.gating": config_lib.GATINGS,
     "decode_method": config_lib.DECODE_METHODS,
     "decode_strategy": config_lib.DECODE_STRATEGIES,
+    "task.data_format": config_lib.DATA_FORMATS,
+    "task.objective": config_lib.TASK_OBJECTIVES,
 }
 _FIELD = re.compile(r"^  c\.([a-z0-9_.]+) = ")
 _CONTINUED = re.compile(r"^  #\s{10,}(.*)$")   # an aligned comment line

@@ -347,8 +347,9 @@ def export(config, model_dir, log, found=None):
   path = export_lib.export(config, model_dir, os.path.join(model_dir,
                                                            EXPORT_DIR),
                            checkpoint=found)
-  log("exported SavedModel to %s (signatures: score, decode; see "
-      "meshtf/train/export.py for how to call them)" % path)
+  log("exported SavedModel to %s (signatures: %s; see "
+      "meshtf/train/export.py for how to call them)" % (
+          path, ", ".join(export_lib.signature_names(path))))
   return {"path": path}
 
 

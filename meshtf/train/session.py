@@ -62,6 +62,7 @@ class Session(object):
         model_dir, max_to_keep=config.keep_checkpoints)
     self.checkpoint = checkpoint
     self.restored_names = None   # the variables of the restored checkpoint
+    self.restored_meta = None    # its meta.json (the input position)
     self.sink = experiment.MoeMetrics()
     self.model = experiment.build_model(config, self.sink, self.mesh_layout)
     self._eval_fn = None
@@ -132,6 +133,7 @@ class Session(object):
       return None
     self.store.restore_values(found.values)
     self.restored_names = set(found.values)
+    self.restored_meta = found.meta
     return found.step
 
 

@@ -1,263 +1,417 @@
-"""Real text for training: plain text files with a sentencepiece vocabulary
-trained on first use, and TFDS datasets read from a local data_dir.
+"""The binary's real-text data: text files (plain, TSV, gzip), TFRecord
+files and local TFDS datasets, streamed (meshtf/train/streams.py) with a
+sentencepiece vocabulary (meshtf/train/vocabulary.py) and an objective
+(meshtf/train/objectives.py), from the config's task fields.
 
-Text formats: "lm" (one document per line) and "seq2seq" (tab-separated
-"input<TAB>target" lines). Examples are tokenized, end in EOS and are packed
-into rows (meshtf.train.data.pack). Row order per epoch is a permutation
-fixed by (seed, epoch), so batch `step` is the same on every restart, and
-`rows=` gives a worker only its share.
+`task_problems(config)` checks the task before TensorFlow starts (one line
+per problem: a glob matching nothing, a missing, binary, non-UTF-8 or empty
+file, a TSV line without a tab, a TFRecord without the named feature, a
+vocabulary file that does not fit vocab_size, objectives the model cannot
+train on, data_files and tfds_name both set); `make_text_data(config,
+model_dir)` builds the train and held-out streams and the vocabulary --
+model_dir's vocab.model if training saved one, else task.vocab_file with
+task.extra_ids sentinels, else one trained on a bounded sample of the data
+(task.vocab_sample_mb) -- and writes nothing.
 
 Example:
-  >>> ds = TextDataset(["train.txt"], model_dir="/tmp/m", length=64,
-  ...                  vocab_size=1000)
-  >>> batch = ds.batch(step=0, batch_size=8)
+  >>> text = make_text_data(config, "/tmp/m")
+  >>> text.train.batch(0)["targets"].shape
+  (64, 128)
+  >>> text.vocab.size
+  1000
 """
+import collections
 import os
 
 import numpy as np
 
-from meshtf.train import data
+from meshtf.train import errors
+from meshtf.train import objectives as objectives_lib
+from meshtf.train import sources
+from meshtf.train import vocabulary as vocabulary_lib
 
 VOCAB_NAME = "vocab.model"
+# How many files' first bytes the preflight reads (every file is stat'ed; a
+# file after these that is not text is found when it is read).
+CHECKED_FILES = 32
 
-
-class DataError(ValueError):
-  """Missing or unusable training data (the binary prints it as one line)."""
+# Missing or unusable training data (the binary prints it as one line).
+DataError = errors.DataError
 
 
 def text_file_problem(path, what, fix):
-  """One line saying why `path` cannot be read as text -- it does not
-  exist, is a folder, is not UTF-8 (the line and byte named) or has no
-  non-blank line -- or None. `what` names the file's role ("data file"),
-  `fix` the flag that sets it. Reads the file once, a line at a time.
+  """One line saying why `path` (read whole: a prompt file) cannot be read
+  as text -- it does not exist, is a folder, is binary ("not a text file"),
+  is not UTF-8 (line and byte named) or has no non-blank line -- or None.
 
   Example:
     >>> text_file_problem("latin1.txt", "data file", "--config.task.data_files")
     "data file latin1.txt is not UTF-8 text: byte 0xe9 at line 3 ..."
   """
+  return sources.file_problem(path, what, fix, head_bytes=None)
+
+
+# --- the task's fields ------------------------------------------------------------
+def data_patterns(task, key="data_files"):
+  return sources.split_patterns(task[key])
+
+
+def is_text_task(config):
+  task = config.task
+  return bool(str(task.data_files).strip() or task.tfds_name)
+
+
+def objective_name(config):
+  """task.objective, or the default: seq2seq for pairs, else lm."""
+  task = config.task
+  if task.objective:
+    return task.objective
+  return "seq2seq" if _pairs(config) else "lm"
+
+
+def _pairs(config):
+  """Whether the documents are (input, target) pairs."""
+  task = config.task
+  if str(task.data_files).strip() and not _tfrecord_files(config):
+    return bool(task.seq2seq)
+  return len(_text_keys(task)) == 2
+
+
+def _text_keys(task):
+  return tuple(k.strip() for k in str(task.text_keys).split(",")
+               if k.strip())
+
+
+def _tfrecord_files(config):
+  files = data_patterns(config.task)
+  return bool(files) and sources.file_format(
+      files[0], config.task.data_format) == "tfrecord"
+
+
+def task_problems(config):
+  """One line per problem of a text task (see the module docstring),
+  before TensorFlow starts; [] for a synthetic task. Reads at most the
+  first bytes of CHECKED_FILES files (and a vocab_file).
+
+  Example:
+    >>> c.task.data_files = "corpus/*.txt"; task_problems(c)
+    ["task.data_files pattern 'corpus/*.txt' matches no file: ..."]
+  """
+  task = config.task
+  out = []
+  patterns = data_patterns(task)
+  if patterns and task.tfds_name:
+    out.append("task.data_files and task.tfds_name are both set (%r, %r): "
+               "the binary reads one source: clear one of them "
+               "(--config.task.tfds_name= or --config.task.data_files=)" % (
+                   str(task.data_files), str(task.tfds_name)))
+    return out
+  if task.data_format not in sources.FORMATS:
+    out.append("task.data_format=%r is unknown: use --config.task."
+               "data_format=%s" % (task.data_format,
+                                   " | ".join(sources.FORMATS)))
+    return out
+  if task.objective and task.objective not in objectives_lib.OBJECTIVES:
+    out.append("task.objective=%r is unknown: use --config.task.objective="
+               "%s (or '' for lm / seq2seq by the data)" % (
+                   task.objective, " | ".join(objectives_lib.OBJECTIVES)))
+    return out
+  eval_patterns = data_patterns(task, "eval_data_files")
+  if patterns or eval_patterns:
+    if not patterns:
+      out.append("task.eval_data_files is set but task.data_files is empty: "
+                 "set --config.task.data_files")
+    keys = _text_keys(task)
+    for key, group in (("data_files", patterns),
+                       ("eval_data_files", eval_patterns)):
+      files, problems = sources.expand(group, "task." + key)
+      out.extend(problems)
+      out.extend(_file_problems(config, files, group, key, keys))
+  elif not task.tfds_name:
+    return out
+  elif not task.tfds_data_dir or not os.path.isdir(task.tfds_data_dir):
+    out.append("task.tfds_data_dir=%r does not exist; meshtf never "
+               "downloads: prepare %s there first (tfds build) or set "
+               "--config.task.data_files" % (task.tfds_data_dir,
+                                             task.tfds_name))
+  out.extend(_objective_problems(config))
+  out.extend(_vocab_file_problems(config))
+  return out
+
+
+def _file_problems(config, files, patterns, key, keys):
+  out = []
+  task = config.task
+  fix = "--config.task.%s=a.txt,b.txt" % key
+  hints = set()   # a name split at its comma: said once, for both halves
+  for i, path in enumerate(files):
+    fmt = sources.file_format(path, task.data_format)
+    if not os.path.lexists(path):
+      hint = sources.comma_hint(path, patterns)
+      if hint and hint in hints:
+        continue
+      hints.add(hint)
+      out.append("data file %s does not exist%s: pass existing %s files, "
+                 "e.g. %s" % (path, hint, "TFRecord" if fmt == "tfrecord"
+                              else "text", fix))
+      continue
+    if i >= CHECKED_FILES:
+      continue
+    problem = sources.file_problem(
+        path, "data file", fix, fmt, pairs=bool(task.seq2seq) and
+        fmt == "text", text_keys=keys)
+    if problem:
+      out.append(problem)
+  if files and any(sources.file_format(f, task.data_format) == "tfrecord"
+                   for f in files) and any(
+                       sources.file_format(f, task.data_format) == "text"
+                       for f in files):
+    out.append("task.%s mixes TFRecord and text files: pass one kind, or "
+               "set --config.task.data_format" % key)
+  if files and sources.file_format(files[0], task.data_format) == \
+      "tfrecord" and len(keys) not in (1, 2):
+    out.append("task.text_keys %r must name one feature (lm) or two "
+               "(input,target): set --config.task.text_keys" % (
+                   str(task.text_keys)))
+  return out
+
+
+def _objective_problems(config):
+  task = config.task
+  name = objective_name(config)
+  pairs = _pairs(config)
+  bitransformer = config.model_type == "bitransformer"
+  if name == "seq2seq" and not pairs:
+    if bitransformer:
+      return ["a bitransformer needs input<TAB>target text (or a "
+              "pretraining objective): set --config.task.seq2seq=True, or "
+              "--config.task.objective=span_corruption or prefix_lm"]
+    return ["task.objective=seq2seq needs (input, target) pairs: set "
+            "--config.task.seq2seq=True (input<TAB>target lines) or two "
+            "--config.task.text_keys"]
+  if name in ("lm", "prefix_lm", "span_corruption") and pairs:
+    return ["task.objective=%s reads one text per example but the data is "
+            "(input, target) pairs: set --config.task.seq2seq=False (or one "
+            "text_keys), or --config.task.objective=seq2seq" % name]
+  if name == "lm" and bitransformer:
+    return ["a bitransformer cannot train on task.objective=lm (it has no "
+            "inputs): set --config.task.objective=span_corruption or "
+            "prefix_lm, or --config.model_type=lm"]
+  if name == "span_corruption":
+    obj = objectives_lib.Objective(
+        name, config.length, not bitransformer, 0, task.noise_density,
+        task.mean_noise_span_length)
+    spans = objectives_lib.max_noise_spans(
+        obj.tokens_length, task.noise_density, task.mean_noise_span_length)
+    if task.extra_ids < spans:
+      return ["task.objective=span_corruption at length %d makes up to %d "
+              "noise spans per example, each replaced by a sentinel id, but "
+              "task.extra_ids is %d: set --config.task.extra_ids=100 (T5's) "
+              "or at least %d" % (config.length, spans, task.extra_ids,
+                                  spans)]
+  return []
+
+
+def _vocab_file_problems(config):
+  task = config.task
+  if not task.vocab_file:
+    return []
   try:
-    is_folder, is_file = os.path.isdir(path), os.path.isfile(path)
-  except ValueError:   # e.g. a NUL character in the path
-    is_folder = is_file = False
-  if is_folder:
-    return "%s %s is a folder, not a text file: pass files, e.g. %s" % (
-        what, path, fix)
-  if not is_file:
-    return "%s %s does not exist: pass existing text files, e.g. %s" % (
-        what, path, fix)
-  blank = True
-  offset = 0
-  try:
-    with open(path, "rb") as f:
-      for number, raw in enumerate(f, 1):
-        try:
-          text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-          return ("%s %s is not UTF-8 text: byte 0x%02x at line %d (byte "
-                  "offset %d): convert it (e.g. iconv -f latin1 -t utf-8 %s "
-                  "> fixed.txt) and pass the new file, e.g. %s" % (
-                      what, path, raw[e.start], number, offset + e.start,
-                      path, fix))
-        blank = blank and not text.strip()
-        offset += len(raw)
-  except OSError as e:
-    return "%s %s cannot be read (%s): %s" % (what, path, e.strerror, fix)
-  if blank:
-    return ("%s %s is empty (no non-blank line): pass files with text, e.g. "
-            "%s" % (what, path, fix))
+    vocab = vocabulary_lib.load_vocabulary(
+        task.vocab_file, task.extra_ids, config.vocab_divisor)
+  except DataError as e:
+    return [str(e)]
+  problem = vocab_size_problem(config, vocab, "task.vocab_file %s" %
+                               task.vocab_file)
+  return [problem] if problem else []
+
+
+def vocab_size_problem(config, vocab, what):
+  """One line when config.vocab_size does not fit the vocabulary: below
+  its size, or above it by more than the padding to vocab_divisor."""
+  if vocab.size <= config.vocab_size <= vocab.padded_size:
+    return None
+  return ("vocab_size %d does not fit %s: it has %d pieces%s = %d ids "
+          "(%d padded to vocab_divisor %d): set --config.vocab_size=%d" % (
+              config.vocab_size, what, vocab.base_size,
+              " + %d extra_ids" % vocab.extra_ids if vocab.extra_ids else "",
+              vocab.size, vocab.padded_size, config.vocab_divisor,
+              vocab.size))
+
+
+# --- the streams --------------------------------------------------------------------
+TextData = collections.namedtuple("TextData", [
+    "train", "held_out", "vocab", "vocab_is_new", "objective"])
+
+
+def make_text_data(config, model_dir):
+  """The text task's streams and vocabulary (see the module docstring);
+  raises DataError on unusable data; writes nothing (training saves
+  `vocab` as model_dir/vocab.model when vocab_is_new)."""
+  task = config.task
+  eval_seed = config.seed + 1 if config.eval_seed < 0 else config.eval_seed
+  if task.tfds_name:
+    keys = _text_keys(task)
+    bitransformer = config.model_type == "bitransformer"
+    if not task.objective and len(keys) != (2 if bitransformer else 1):
+      # else a KeyError or lost inputs
+      raise DataError(
+          "model_type=%s needs %s TFDS text feature%s but task.text_keys is "
+          "%r: set --config.task.text_keys=%s" % (
+              config.model_type, "two (input,target)" if bitransformer else
+              "one", "s" if bitransformer else "", task.text_keys,
+              "input_feature,target_feature" if bitransformer else "text"))
+    problems = _objective_problems(config)
+    if problems:
+      raise DataError(problems[0])
+    train_units = tfds_units(task.tfds_name, task.tfds_data_dir,
+                             task.tfds_split, keys)
+    eval_units = tfds_units(task.tfds_name, task.tfds_data_dir,
+                            task.tfds_eval_split, keys)
+    spec = sources.ReadSpec("tfrecord", len(keys) == 2, keys,
+                            {k: "bytes" for k in keys})
+    where = "TFDS dataset %s in %s" % (task.tfds_name, task.tfds_data_dir)
+    names = (where + " split %r" % task.tfds_split,
+             where + " split %r" % task.tfds_eval_split)
+  else:
+    files, problems = sources.expand(data_patterns(task))
+    eval_files, more = sources.expand(data_patterns(task, "eval_data_files"))
+    if problems or more:
+      raise DataError((problems + more)[0])
+    eval_files = eval_files or files
+    fmt = sources.file_format(files[0], task.data_format)
+    length = config.length
+    train_units = sources.make_units(files, task.data_format,
+                                     sources.unit_bytes(length))
+    eval_units = sources.make_units(eval_files, task.data_format,
+                                    sources.unit_bytes(length))
+    if fmt == "tfrecord":
+      keys = _text_keys(task)
+      problem, kinds = sources.tfrecord_problem(files[0], keys)
+      if problem:
+        raise DataError(problem)
+      spec = sources.ReadSpec("tfrecord", len(keys) == 2, keys, kinds)
+    else:
+      spec = sources.ReadSpec("text", bool(task.seq2seq))
+    names = (", ".join(files[:3]) + (" (+%d files)" % (len(files) - 3)
+                                     if len(files) > 3 else ""),
+             ", ".join(eval_files[:3]) + (
+                 " (+%d files)" % (len(eval_files) - 3)
+                 if len(eval_files) > 3 else ""))
+  vocab, is_new = _vocabulary(config, model_dir, train_units, spec, names[0])
+  if vocab is not None and vocab.size > config.vocab_size:
+    raise DataError(
+        "the data's vocabulary (%s) has %d ids but vocab_size is %d: set "
+        "--config.vocab_size=%d" % (
+            os.path.join(model_dir, VOCAB_NAME) if not is_new else
+            "trained now", vocab.size, config.vocab_size, vocab.size))
+  objective = make_objective(config, vocab)
+  from meshtf.train import streams
+  threads = task.reader_threads
+  train = streams.Stream(train_units, spec, objective, config.batch_size,
+                         config.seed, vocab, threads, prefetch=True,
+                         name=names[0])
+  held = streams.Stream(eval_units, spec, objective, config.batch_size,
+                        eval_seed, vocab, threads, prefetch=False, cache=True,
+                        name=names[1])
+  return TextData(train, held, vocab, is_new, objective)
+
+
+def make_objective(config, vocab):
+  """The config's objectives.Objective (span corruption's first sentinel
+  is the vocabulary's <extra_id_0>: its size - 1)."""
+  task = config.task
+  name = objective_name(config)
+  first_sentinel = None
+  if name == "span_corruption":
+    if vocab is None or vocab.extra_ids < 1:
+      raise DataError("task.objective=span_corruption needs sentinel ids: "
+                      "set --config.task.extra_ids=100 (T5's)%s" % (
+                          "" if vocab is None else " (the vocabulary has "
+                          "none: a model_dir trained without extra ids "
+                          "needs a new --model_dir)"))
+    first_sentinel = vocab.sentinel_id(0)
+  return objectives_lib.Objective(
+      name, config.length, decoder_only=config.model_type == "lm",
+      first_sentinel=first_sentinel, noise_density=task.noise_density,
+      mean_noise_span_length=task.mean_noise_span_length)
+
+
+def model_vocabulary(config, model_dir):
+  """The vocabulary a text task's model uses without reading its data:
+  model_dir/vocab.model (training saves it), else task.vocab_file with
+  task.extra_ids; None when neither exists.
+
+  Example:
+    >>> model_vocabulary(config, "/tmp/m").decode([5, 9, 1])
+    'the cat'
+  """
+  path = os.path.join(model_dir, VOCAB_NAME)
+  if os.path.isfile(path):
+    return vocabulary_lib.load_vocabulary(path, 0, config.vocab_divisor)
+  if config.task.vocab_file:
+    return vocabulary_lib.load_vocabulary(
+        config.task.vocab_file, config.task.extra_ids, config.vocab_divisor)
   return None
 
 
-def load_or_train_vocab(paths, model_dir, vocab_size, seq2seq=False):
-  """A sentencepiece processor: model_dir/vocab.model if it exists, else one
-  trained on the text of `paths` and saved there (ids: 0 pad, 1 EOS, 2 unk).
+def _vocabulary(config, model_dir, units, spec, name):
+  """(vocabulary, whether it is new: not yet in model_dir)."""
+  task = config.task
+  saved = os.path.join(model_dir, VOCAB_NAME)
+  if os.path.isfile(saved):
+    return vocabulary_lib.load_vocabulary(saved, 0, config.vocab_divisor), \
+        False
+  if task.vocab_file:
+    return vocabulary_lib.load_vocabulary(
+        task.vocab_file, task.extra_ids, config.vocab_divisor), True
+  if spec.format == "tfrecord" and all(
+      spec.kinds.get(k) == "int64" for k in spec.keys):
+    return None, False   # token ids already: no text to encode
+  sample = sample_texts(units, spec, int(task.vocab_sample_mb * (1 << 20)))
+  vocab = vocabulary_lib.train_vocabulary(
+      sample, config.vocab_size, task.extra_ids, config.vocab_divisor,
+      source="%s (a %.1f MB sample)" % (name, sum(map(len, sample)) / 1e6))
+  return vocab, True
+
+
+def sample_texts(units, spec, budget_bytes):
+  """Up to about budget_bytes of the documents' texts (both of a pair),
+  from units spread evenly over the data: what a vocabulary is trained on,
+  so its time does not grow with the corpus.
 
   Example:
-    >>> sp = load_or_train_vocab(["train.txt"], "/tmp/m", vocab_size=1000)
+    >>> len("".join(sample_texts(units, spec, 1 << 20))) <= (1 << 20) + 4096
+    True
   """
-  return _load_or_train_vocab(lambda: _file_texts(paths, seq2seq),
-                              ", ".join(paths), model_dir, vocab_size)
+  per_unit = sources.unit_bytes(1)
+  count = max(1, min(len(units), -(-budget_bytes // per_unit)))
+  picks = sorted({int(i * len(units) / count) for i in range(count)})
+  share = max(budget_bytes // len(picks), 1)
+  out, total = [], 0
+  for i in picks:
+    got = 0
+    for doc in sources.read_unit(units[i], spec):
+      for text in doc:
+        if isinstance(text, str):
+          out.append(text)
+          got += len(text)
+      if got >= share:
+        break
+    total += got
+    if total >= budget_bytes:
+      break
+  return out
 
 
-def _load_or_train_vocab(texts_fn, source, model_dir, vocab_size):
-  """texts_fn() yields tuples of strings (one or two per example); it is
-  only called (and model_dir only written) when no vocabulary exists."""
-  import sentencepiece as spm
-  path = os.path.join(model_dir, VOCAB_NAME)
-  if not os.path.exists(path):
-    # Read (and so check) all the text before writing anything.
-    sentences = [s for texts in texts_fn() for s in texts]
-    if not any(s.strip() for s in sentences):
-      raise DataError("%s has no text to train a vocabulary on: pass files "
-                      "with text (--config.task.data_files)" % source)
-    os.makedirs(model_dir, exist_ok=True)
-    tmp_prefix = os.path.join(model_dir, ".tmp-vocab-%d" % os.getpid())
-    try:
-      spm.SentencePieceTrainer.train(
-          sentence_iterator=iter(sentences), model_prefix=tmp_prefix,
-          vocab_size=vocab_size, pad_id=data.PAD, eos_id=data.EOS, unk_id=2,
-          bos_id=-1, hard_vocab_limit=False, model_type="unigram",
-          minloglevel=2)
-    except RuntimeError as e:
-      said = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-      raise DataError("Could not train a sentencepiece vocabulary of size %d "
-                      "on %s (sentencepiece: %s): give it more text or set "
-                      "another --config.vocab_size" % (vocab_size, source,
-                                                        said))
-    os.replace(tmp_prefix + ".model", path)  # atomic: never a half file
-    for leftover in (tmp_prefix + ".vocab",):
-      if os.path.exists(leftover):
-        os.remove(leftover)
-  return spm.SentencePieceProcessor(model_file=path)
-
-
-def _lines(paths):
-  for p in paths:
-    problem = text_file_problem(p, "data file", "--config.task.data_files")
-    if problem:
-      raise DataError(problem)
-  for p in paths:
-    with open(p, encoding="utf-8") as f:
-      for line in f:
-        line = line.rstrip("\n")
-        if line.strip():
-          yield line
-
-
-def _file_texts(paths, seq2seq):
-  """(line,) per line, or (input, target) per input<TAB>target line."""
-  for line in _lines(paths):
-    if not seq2seq:
-      yield (line,)
-    elif "\t" not in line:
-      raise DataError("seq2seq data needs input<TAB>target lines; got %r"
-                      % line[:60])
-    else:
-      yield tuple(line.split("\t", 1))
-
-
-class PackedRows(object):
-  """Packed rows served as deterministic batches."""
-
-  def __init__(self, rows, seed=0):
-    if not rows:
-      raise DataError("The data has no non-empty examples")
-    self.rows = rows
-    self.seed = seed
-
-  def __len__(self):
-    return len(self.rows)
-
-  def batch(self, step, batch_size, seed=None, rows=None):
-    """Global rows step*batch_size .. +batch_size of an endless stream that
-    visits every row once per epoch in a (seed, epoch)-fixed order."""
-    seed = self.seed if seed is None else seed
-    rows = range(batch_size) if rows is None else rows
-    n = len(self.rows)
-    out = {}
-    for r in rows:
-      g = step * batch_size + r
-      epoch, i = divmod(g, n)
-      order = np.random.default_rng([int(seed), int(epoch)]).permutation(n)
-      for k, v in self.rows[order[i]].items():
-        out.setdefault(k, []).append(v)
-    batch = {k: np.stack(v) for k, v in out.items()}
-    batch["targets_weights"] = (batch["targets"] != data.PAD).astype(
-        np.float32)
-    return batch
-
-
-class TextDataset(PackedRows):
-  """Plain text files -> packed, tokenized rows.
-
-  Args:
-    paths: text files (lm: a document per line; seq2seq: input<TAB>target).
-    model_dir: where the vocabulary is saved (and found on later runs).
-    length: row length in tokens.
-    vocab_size: sentencepiece vocabulary size (used when training one).
-    seq2seq: tab-separated pairs -> "inputs" and "targets".
-  """
-
-  def __init__(self, paths, model_dir, length, vocab_size=1000, seq2seq=False,
-               seed=0):
-    self._build(lambda: _file_texts(paths, seq2seq), ", ".join(paths),
-                model_dir, length, vocab_size, seed)
-
-  @classmethod
-  def from_texts(cls, texts, source, model_dir, length, vocab_size=1000,
-                 seed=0):
-    """Rows from in-memory examples: tuples of one string (lm) or two
-    (input, target: seq2seq). `source` names them in error messages.
-
-    Example:
-      >>> ds = TextDataset.from_texts([("a cat",), ("a dog",)], "pets",
-      ...                             "/tmp/m", length=16, vocab_size=20)
-    """
-    texts = [tuple(t) for t in texts]
-    if not texts:
-      raise DataError("%s has no examples" % source)
-    sizes = sorted({len(t) for t in texts})
-    if sizes not in ([1], [2]):
-      raise DataError("%s: every example needs one text (lm) or every one "
-                      "two (input, target); got %s texts per example" % (
-                          source, " and ".join(map(str, sizes))))
-    self = cls.__new__(cls)
-    self._build(lambda: iter(texts), source, model_dir, length, vocab_size,
-                seed)
-    return self
-
-  def _build(self, texts_fn, source, model_dir, length, vocab_size, seed):
-    self.vocab = _load_or_train_vocab(texts_fn, source, model_dir,
-                                      vocab_size)
-    self.vocab_size = self.vocab.get_piece_size()
-    examples = []
-    for texts in texts_fn():
-      if len(texts) == 2:
-        examples.append({"inputs": self._ids(texts[0]),
-                         "targets": self._ids(texts[1])})
-      else:
-        examples.append({"targets": self._ids(texts[0])})
-    super().__init__(data.pack(examples, length), seed)
-
-  def _ids(self, text):
-    return self.vocab.encode(text) + [data.EOS]
-
-  def decode(self, ids):
-    ids = [int(i) for i in ids]
-    if data.EOS in ids:
-      ids = ids[:ids.index(data.EOS)]
-    return self.vocab.decode([i for i in ids if i != data.PAD])
-
-
-def tfds_dataset(name, data_dir, split, length, model_dir, vocab_size=1000,
-                 text_keys=("text",), seed=0, max_examples=100000):
-  """A TFDS dataset prepared in a LOCAL data_dir as packed rows (meshtf
-  never downloads). The dataset's code need not be installed: TFDS reads a
-  prepared dataset from its files (features.json, dataset_info.json).
-
-  Args:
-    name, data_dir, split, text_keys, max_examples: as for tfds_texts.
-    length, model_dir, vocab_size, seed: as for TextDataset (a vocabulary
-      is trained on this split's text if model_dir has none).
-
-  A missing package, dataset, split or feature raises DataError before
-  anything is written.
-
-  Example:
-    >>> ds = tfds_dataset("lm1b", "/data/tfds", "train", 64, "/tmp/m")
-    >>> batch = ds.batch(step=0, batch_size=8)
-  """
-  texts = tfds_texts(name, data_dir, split, text_keys, max_examples)
-  return TextDataset.from_texts(
-      texts, "TFDS dataset %s in %s split %r" % (name, data_dir, split),
-      model_dir, length, vocab_size, seed=seed)
-
-
-def tfds_texts(name, data_dir, split, text_keys=("text",),
-               max_examples=100000):
-  """The text of a TFDS dataset prepared in a LOCAL data_dir: a list of
-  tuples, one string per text key, for the non-blank examples of `split`.
-  Reads only; writes nothing (check every split before training a vocab).
+# --- TFDS ---------------------------------------------------------------------------
+def tfds_units(name, data_dir, split, text_keys=("text",)):
+  """The units (TFDS's file instructions: a shard file's records of the
+  split) of a TFDS dataset prepared in a LOCAL data_dir; meshtf never
+  downloads. The dataset's code need not be installed: TFDS reads a
+  prepared dataset from its files (features.json, dataset_info.json). A
+  missing package, dataset, split or feature raises DataError (one line)
+  before anything is written.
 
   Args:
     name: TFDS name, optionally with config and version ("wmt14/de-en:1.0.0").
@@ -265,12 +419,11 @@ def tfds_texts(name, data_dir, split, text_keys=("text",),
     split: a TFDS split ("train", "validation", "train[:10%]").
     text_keys: one scalar text feature (lm) or two (input, target:
       seq2seq); "a/b" names feature b nested in feature dict a.
-    max_examples: read at most this many examples of the split.
 
   Example:
-    >>> texts = tfds_texts("lm1b", "/data/tfds", "test", max_examples=2)
-    >>> len(texts), len(texts[0])
-    (2, 1)
+    >>> units = tfds_units("lm1b", "/data/tfds", "train")
+    >>> units[0].kind, units[0].start
+    ('tfrecord', 0)
   """
   text_keys = tuple(text_keys)
   if len(text_keys) not in (1, 2):
@@ -280,35 +433,42 @@ def tfds_texts(name, data_dir, split, text_keys=("text",),
   if not data_dir or not os.path.isdir(data_dir):
     raise DataError("TFDS data_dir %r does not exist; meshtf never downloads "
                     "datasets: prepare %s there first (tfds build) or use "
-                    "--config.data_files" % (data_dir, name))
+                    "--config.task.data_files" % (data_dir, name))
   try:
     import tensorflow_datasets as tfds
   except ImportError:
     raise DataError("tensorflow_datasets is not installed: pip install "
-                    "tensorflow-datasets, or use --config.data_files"
+                    "tensorflow-datasets, or use --config.task.data_files"
                     ) from None
   builder = _tfds_builder(tfds, name, data_dir)
   where = "TFDS dataset %s in %s" % (name, data_dir)
   for key in text_keys:
     _check_text_feature(tfds, builder.info.features, key, where)
-  texts = []
+  file_format = str(getattr(builder.info, "file_format", "tfrecord"))
+  if "tfrecord" not in file_format.lower():
+    raise DataError("%s is stored as %s; meshtf streams TFRecord-prepared "
+                    "datasets: prepare it with --file_format=tfrecord" % (
+                        where, file_format))
   try:
-    ds = builder.as_dataset(split=split, shuffle_files=False)
-    for ex in tfds.as_numpy(ds.take(max_examples)):
-      t = tuple(_text_value(ex, k) for k in text_keys)
-      if all(s.strip() for s in t):  # like blank lines of text files
-        texts.append(t)
-  except Exception as e:  # tfds / tf.data raise many kinds; report one line
+    instructions = builder.info.splits[split].file_instructions
+  except Exception as e:  # tfds raises many kinds; report one line
     raise DataError("%s: cannot read split %r (tfds: %s): set "
                     "--config.task.tfds_split / tfds_eval_split to one of %s"
                     % (where, split, _first_line(e), ", ".join(sorted(
-                        builder.info.splits.keys()))))
-  if not texts:
-    raise DataError("%s split %r has no non-blank examples of %s: set "
-                    "--config.task.tfds_split / tfds_eval_split or "
-                    "--config.task.text_keys" % (where, split,
-                                                 ",".join(text_keys)))
-  return texts
+                        builder.info.splits.keys())))) from None
+  units = []
+  for ins in instructions:
+    take = int(ins.take)
+    if take == 0:
+      continue
+    start = int(ins.skip)
+    units.append(sources.Unit("tfrecord", ins.filename, start,
+                              None if take < 0 else start + take))
+  if not units:
+    raise DataError("%s split %r has no examples: set "
+                    "--config.task.tfds_split / tfds_eval_split" % (
+                        where, split))
+  return units
 
 
 def _first_line(e):
@@ -353,7 +513,7 @@ def _find_tfds_builder(tfds, name, data_dir):
   raise DataError(
       "TFDS dataset %s is not prepared in %s%s; meshtf never downloads: "
       "prepare it there first (tfds build %s --data_dir=%s) or use "
-      "--config.data_files" % (
+      "--config.task.data_files" % (
           name, data_dir,
           " (tfds: %s)" % _first_line(problem) if problem else "",
           name.split(":")[0], data_dir))
@@ -387,8 +547,7 @@ def _feature_names(tfds, features, prefix=""):
   return out
 
 
-def _text_value(example, key):
-  value = example
-  for part in key.split("/"):
-    value = value[part]
-  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+__all__ = ["DataError", "VOCAB_NAME", "TextData", "text_file_problem",
+           "task_problems", "make_text_data", "make_objective",
+           "model_vocabulary", "vocab_size_problem", "sample_texts",
+           "tfds_units", "is_text_task", "objective_name"]

@@ -86,11 +86,25 @@ def _train(session, progress=None, stops=None):
   model_dir = session.model_dir
   data = experiment.make_data(config, model_dir)
   chief = session.is_chief
+  start_step = session.restore() or 0
+  first_batch = None
+  if start_step < config.train_steps:
+    # The stream continues where the checkpoint's position says; its first
+    # batch is read before anything is written, so bad data (found when it
+    # is read) leaves model_dir as it was.
+    if start_step:
+      meta = session.restored_meta or {}
+      why = data.restore_train(meta.get("extra", {}).get("input"),
+                               start_step)
+      if why:
+        log("input: %s" % why)
+    first_batch = data.train_batch(start_step, rows=session.rows)
   if chief:  # other workers of a multi-worker run write nothing
     os.makedirs(model_dir, exist_ok=True)
     model_dir_lib.write_config(model_dir, config)
-  start_step = session.restore() or 0
-  if chief:
+    if data.vocab_is_new:
+      from meshtf.train import text_data
+      data.vocab.save(os.path.join(model_dir, text_data.VOCAB_NAME))
     _truncate_metrics(model_dir, start_step)
   step_fn = training.TrainStep(
       experiment.loss_fn(session.model, session.sink,
@@ -133,7 +147,7 @@ def _train(session, progress=None, stops=None):
   # after the step in flight (deferral entered below).
   stops.phase = "tracing and lowering the training step"
   if step < end:
-    print_header(session, start_step)
+    print_header(session, start_step, data)
     log("tracing and lowering the training step ...")
   saved_step = start_step if session.restored_names is not None else None
   bar = None
@@ -149,7 +163,9 @@ def _train(session, progress=None, stops=None):
                   open(os.devnull, "w")) as metrics_file:
     while step < end and not stops.requested:
       t0 = time.time()
-      outputs = step_fn(data.train_batch(step, rows=session.rows))
+      batch = first_batch if step == start_step else data.train_batch(
+          step, rows=session.rows)
+      outputs = step_fn(batch)
       record = {k: float(np.asarray(v)) for k, v in outputs.items()}
       if int(record["step"]) != step:
         raise RuntimeError("global step %d != loop step %d" % (
@@ -181,7 +197,7 @@ def _train(session, progress=None, stops=None):
         if bar is None:
           log("step %d  %s" % (step, _postfix(record)))
       if step % config.checkpoint_every == 0 and step < end:
-        _save(session, step, config, saved_step)
+        _save(session, step, config, saved_step, data)
         saved_step = step
       if config.eval_every and step % config.eval_every == 0 and step < end:
         result = session.evaluate(data)
@@ -200,7 +216,7 @@ def _train(session, progress=None, stops=None):
     wall = time.time() - t_start
     if step > start_step and saved_step != step:
       stops.phase = "saving ckpt-%d" % step
-      _save(session, step, config, saved_step)
+      _save(session, step, config, saved_step, data)
   if stops.requested:
     writer.flush()
     eval_writer.flush()
@@ -222,6 +238,7 @@ def _train(session, progress=None, stops=None):
               "REACHED" if reached else "NOT reached"))
   writer.flush()
   eval_writer.flush()
+  data.close()
   return {"history": history, "eval": final, "evals": evals,
           "reached": reached, "start_step": start_step, "step": step,
           "wall_s": wall, "collective_stats":
@@ -282,12 +299,34 @@ def diverged_message(step, what, config, saved_step):
          " %s; %s" % (step, what, ", ".join(causes), ", ".join(fixes), kept)
 
 
-def _save(session, step, config, saved_step):
-  """Saves a checkpoint; a variable that is not finite is a divergence
-  (the loss of the step that made it was still finite)."""
+def _save(session, step, config, saved_step, data=None):
+  """Saves a checkpoint, with the input stream's position (every worker's
+  lanes: a non-chief worker leaves its own for the chief, which saves them
+  all in meta.json); a variable that is not finite is a divergence (the
+  loss of the step that made it was still finite)."""
   from meshtf.train import checkpoint as checkpoint_lib
+  extra = None
+  state = data.train_state() if data is not None else None
+  if state is not None:
+    extra = {"input": state}
+    workers = session.workers
+    if workers is not None and workers.num_workers > 1:
+      from meshtf.train import streams
+      if not workers.is_chief:
+        streams.write_positions(session.model_dir, step, workers.index,
+                                state)
+      else:
+        def extra():
+          merged, missing = streams.gather_positions(
+              session.model_dir, step, workers.num_workers, state)
+          if missing:
+            session.log("input: the positions of worker%s %s did not come "
+                        "for ckpt-%d: resuming from it reads their rows' "
+                        "data again from its beginning" % ("s" if len(missing) > 1 else "",
+                                        ", ".join(map(str, missing)), step))
+          return {"input": merged}
   try:
-    session.manager.save(session.store, step)
+    session.manager.save(session.store, step, extra=extra)
   except checkpoint_lib.NonFiniteError as e:
     raise errors.DivergedError(diverged_message(
         step, "variable %r is not finite after the update" % e.name, config,
@@ -295,9 +334,10 @@ def _save(session, step, config, saved_step):
 
 
 # --- what is printed ----------------------------------------------------------
-def print_header(session, start_step):
+def print_header(session, start_step, data=None):
   """The run's header, before tracing: model, task, mesh, layout,
-  parameters per device (from the symbolic graph), workers, model_dir.
+  parameters per device (from the symbolic graph), the streamed data
+  (units, objective, vocabulary), workers, model_dir.
 
   Example:
     >>> print_header(session, start_step=0)   # "model_dir: /tmp/m (new)"
@@ -337,6 +377,15 @@ def print_header(session, start_step):
                    format(counts["per_device"], ","),
                    format(counts["optimizer_per_device"], ",")),
   ]
+  stream = getattr(data, "train_source", None)
+  if hasattr(stream, "units"):
+    vocab = data.vocab
+    lines.append("data: %d units of %d files, objective %s; %s" % (
+        len(stream.units), len({u.path for u in stream.units}),
+        stream.objective.name, "vocabulary %d ids%s: %s" % (
+            vocab.size, " (%d extra ids)" % vocab.extra_ids
+            if vocab.extra_ids else "", vocab.source)
+        if vocab is not None else "token ids (no vocabulary)"))
   if max(config.pipeline_stages, config.num_microbatches,
          config.circular_repeats) > 1:
     lines.append(pipeline_line(config))

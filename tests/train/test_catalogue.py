@@ -53,6 +53,22 @@ def files(tmp_path_factory):
   (d / "lacks_keys.py").write_text(
       "import ml_collections\n\ndef get_config():\n"
       "  return ml_collections.ConfigDict({'d_model': 32})\n")
+  # Data files of issues 39 and 41.
+  (d / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)))
+  import gzip
+  with gzip.open(d / "image.txt.gz", "wb") as f:
+    f.write(b"\x89PNG\r\n\x1a\n" + bytes(64))
+  (d / "pairs.tsv").write_text("a cat\tune chat\na dog without a tab\n")
+  (d / "notes,2024.txt").write_text("notes of the year\n" * 50)
+  words = "the quick brown fox jumps over a lazy dog".split()
+  (d / "words.txt").write_text("".join(
+      " ".join(words[(i + j) % 9] for j in range(7)) + "\n"
+      for i in range(300)))
+  import tensorflow as tf
+  with tf.io.TFRecordWriter(str(d / "docs.tfrecord")) as w:
+    w.write(tf.train.Example(features=tf.train.Features(feature={
+        "text": tf.train.Feature(bytes_list=tf.train.BytesList(
+            value=[b"a document"]))})).SerializeToString())
   return str(d)
 
 
@@ -283,6 +299,56 @@ CASES = [
                             "--config.task.eval_data_files="
                             "{files}/latin1.txt"], "none",
      "--config.task.eval_data_files"),
+    # streamed data (issue 39) and the text-data cases of issue 41
+    ("data_glob_matches_nothing", ["--config.task.data_files={files}/"
+                                   "corpus/*.txt"], "none",
+     "task.data_files pattern '{files}/corpus/*.txt' matches no file"),
+    ("data_png_as_text", ["--config.task.data_files={files}/image.png"],
+     "none", "data file {files}/image.png is not a text file (it is a PNG "
+     "image)"),
+    ("data_gzip_of_a_png", ["--config.task.data_files={files}/image.txt.gz"],
+     "none", "image.txt.gz is not a text file (it is gzip-compressed and "
+     "holds a PNG image)"),
+    ("data_tsv_line_without_tab", ["--config.task.seq2seq=True",
+                                   "--config.task.data_files="
+                                   "{files}/pairs.tsv"], "none",
+     "data file {files}/pairs.tsv line 2 has no tab: seq2seq data"),
+    ("tfrecord_without_the_feature", ["--config.task.data_files="
+                                      "{files}/docs.tfrecord",
+                                      "--config.task.text_keys=body"],
+     "none", "docs.tfrecord has no feature 'body' in its first record (its "
+     "features: text): set --config.task.text_keys"),
+    ("data_files_and_tfds_name", ["--config.task.data_files="
+                                  "{files}/words.txt",
+                                  "--config.task.tfds_name=lm1b"], "none",
+     "task.data_files and task.tfds_name are both set"),
+    ("comma_in_a_file_name", ["--config.task.data_files="
+                              "{files}/notes,2024.txt"], "none",
+     "a comma separates files: {files}/notes,2024.txt exists; write it as "
+     "{files}/notes\\,2024.txt"),
+    ("vocab_far_above_the_corpus", ["--config.task.data_files="
+                                    "{files}/words.txt",
+                                    "--config.vocab_size=5000"], "none",
+     re.compile(r"vocab_size 5000 is far above what .*words.txt \(a 0.0 MB "
+                r"sample\) yields: sentencepiece found only \d+ pieces in it"
+                r".*set --config.vocab_size=\d+$")),
+    ("vocab_below_the_characters", ["--config.task.data_files="
+                                    "{files}/words.txt",
+                                    "--config.vocab_size=12"], "none",
+     re.compile(r"vocab_size 12 is too small for .*words.txt .*: its text has "
+                r"\d+ distinct characters.*set --config.vocab_size=\d+ or "
+                r"more$")),
+    ("span_corruption_without_extra_ids", [
+        "--config.model_type=bitransformer",
+        "--config.task.objective=span_corruption",
+        "--config.task.data_files={files}/words.txt"], "none",
+     "task.extra_ids is 0: set --config.task.extra_ids=100 (T5's) or at "
+     "least"),
+    ("vocab_file_not_sentencepiece", ["--config.task.data_files="
+                                      "{files}/words.txt",
+                                      "--config.task.vocab_file="
+                                      "{files}/image.png"], "none",
+     "vocabulary file {files}/image.png is not a sentencepiece model"),
     ("prompts_not_utf8", ["--mode=decode",
                           "--config.decode_prompts_file={files}/latin1.txt"],
      "none", "decode prompt file {files}/latin1.txt is not UTF-8 text"),
@@ -420,6 +486,11 @@ def test_the_catalogue_covers_the_issue():
           "eval_steps_huge", "d_model_absurd", "length_absurd",
           "batch_size_absurd", "config_returns_dict", "config_returns_none",
           "config_lacks_keys", "model_dir_symlink_loop"} <= ids
+  # issue 39's bad data and issue 41's text-data cases
+  assert {"data_glob_matches_nothing", "data_png_as_text",
+          "data_tsv_line_without_tab", "tfrecord_without_the_feature",
+          "data_files_and_tfds_name", "comma_in_a_file_name",
+          "vocab_far_above_the_corpus", "vocab_below_the_characters"} <= ids
   assert len(ids) == len(CASES)
 
 

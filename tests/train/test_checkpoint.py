@@ -230,3 +230,23 @@ def test_leftovers_are_removed_and_damaged_ones_moved_aside(tmp_path):
   assert manager.checkpoints() == [] and manager.read_newest_intact() is None
   manager.save(store, 5)
   assert os.path.basename(manager.quarantine(path)) == "damaged-ckpt-5.2"
+
+
+def test_extra_is_saved_in_meta_and_may_be_computed_after_the_gather(
+    tmp_path):
+  """The input stream's position rides in meta.json: a dict, or a function
+  the chief calls once the values are gathered (a multi-worker run's
+  chief collects the workers' positions then)."""
+  store, _, manager = trained_store(directory=tmp_path)
+  calls = []
+
+  def extra():
+    calls.append(len(os.listdir(str(tmp_path))))
+    return {"input": {"step": 3, "lanes": {"0": [1, 2]}}}
+  manager.save(store, 3, extra=extra)
+  manager.save(store, 4, extra={"input": {"step": 4}})
+  assert len(calls) == 1
+  found = checkpoint.CheckpointManager(str(tmp_path)).read_newest_intact()
+  assert found.meta["extra"] == {"input": {"step": 4}}
+  _, _, meta = manager.verify(str(tmp_path / "ckpt-3"))
+  assert meta["extra"]["input"]["lanes"] == {"0": [1, 2]}

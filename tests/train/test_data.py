@@ -1,9 +1,9 @@
-"""Training data (meshtf/train/data.py, text_data.py)."""
+"""Synthetic training data and packing (meshtf/train/data.py); streamed
+text is tests/train/test_streams.py."""
 import numpy as np
 import pytest
 
 from meshtf.train import data
-from meshtf.train import text_data
 
 
 def _decode_digits(tokens):
@@ -70,39 +70,3 @@ def test_pack_keeps_features_side_by_side():
   assert rows[0]["targets_segmentation"].tolist() == [1, 1, 1, 2, 2, 0]
   assert rows[0]["inputs_position"].tolist() == [0, 1, 0, 1, 2, 0]
   assert rows[1]["inputs"].tolist() == [3, 3, 3, 1, 0, 0]
-
-
-TEXT = ["the quick brown fox jumps over the lazy dog %d" % i for i in range(40)]
-
-
-def test_text_lm_trains_vocab_once_and_packs(tmp_path):
-  path = tmp_path / "train.txt"
-  path.write_text("\n".join(TEXT) + "\n")
-  model_dir = str(tmp_path / "model")
-  ds = text_data.TextDataset([str(path)], model_dir, length=128, vocab_size=40)
-  assert (tmp_path / "model" / "vocab.model").exists()
-  b = ds.batch(0, 4)
-  assert b["targets"].shape == (4, 128)
-  assert b["targets_segmentation"].max() >= 2  # several lines per row
-  first = b["targets"][0][b["targets_segmentation"][0] == 1]
-  assert ds.decode(first) in TEXT
-  # A second run reuses the saved vocabulary (same ids).
-  ds2 = text_data.TextDataset([str(path)], model_dir, length=128, vocab_size=99)
-  np.testing.assert_array_equal(ds2.batch(3, 4)["targets"],
-                                ds.batch(3, 4)["targets"])
-
-
-def test_text_seq2seq_and_errors(tmp_path):
-  path = tmp_path / "pairs.tsv"
-  path.write_text("\n".join("%s\t%s" % (t, t.upper()) for t in TEXT) + "\n")
-  ds = text_data.TextDataset([str(path)], str(tmp_path / "m"), length=48,
-                             vocab_size=90, seq2seq=True)
-  b = ds.batch(0, 2)
-  assert set(b) >= {"inputs", "targets", "inputs_segmentation"}
-  with pytest.raises(text_data.DataError, match="missing.txt does not exist"):
-    text_data.TextDataset([str(tmp_path / "missing.txt")],
-                          str(tmp_path / "m2"), 16)
-  assert not (tmp_path / "m2").exists()  # nothing written on bad input
-  with pytest.raises(text_data.DataError, match="never downloads"):
-    text_data.tfds_dataset("lm1b", str(tmp_path / "no_tfds"), "train", 16,
-                           str(tmp_path / "m3"))

@@ -9,9 +9,10 @@ registered with TFDS (skip_registration), so every read below goes through
 TFDS's read-only builder made from the prepared files, the way a dataset
 prepared elsewhere (or by code that is not installed) is read:
 
-- lm rows: shapes, one EOS per example, zero padding with zero weight, the
-  vocabulary in model_dir, every sentence of a split decodes back exactly
-  (validation reuses train's vocabulary);
+- lm rows streamed from the prepared shards: shapes, one EOS per example,
+  zero padding with zero weight, every sentence of a split decodes back
+  exactly, a sliced split reads only its part of a shard, a vocabulary
+  saved in model_dir is used again;
 - seq2seq rows from two text_keys: inputs and targets of segment k are the
   same example's two texts; experiment.make_data builds them for a
   bitransformer, and rejects a text_keys count that does not fit the model
@@ -158,75 +159,88 @@ def _segments(row, feature):
   return [row[feature][seg == s].tolist() for s in range(1, seg.max() + 1)]
 
 
-def _all_examples(ds, feature):
-  return [s for row in ds.rows for s in _segments(row, feature)]
+def _config(split="train", eval_split="validation", length=32,
+            vocab_size=48, name=LM, data_dir=None, keys="text"):
+  c = config_lib.default_config()
+  c.length, c.vocab_size, c.vocab_divisor, c.batch_size = (
+      length, vocab_size, 1, 4)
+  c.task.tfds_name, c.task.tfds_data_dir = name, data_dir
+  c.task.tfds_split, c.task.tfds_eval_split = split, eval_split
+  c.task.text_keys = keys
+  return c
+
+
+def _all_examples(stream, feature):
+  """Every example of every unit of a stream, once (epoch 0's slots)."""
+  return [s for slot in range(len(stream.units))
+          for row in stream.unit_rows(slot) for s in _segments(row, feature)]
 
 
 # --- reading prepared datasets ------------------------------------------------
 def test_lm_rows_from_a_prepared_dataset(data_dir, tmp_path):
   model_dir = tmp_path / "model"
   with _no_network() as attempts:
-    ds = text_data.tfds_dataset(LM, data_dir, "train", 32, str(model_dir),
-                                vocab_size=100)
+    text = text_data.make_text_data(_config(data_dir=data_dir),
+                                    str(model_dir))
+    b = text.train.batch(0)
   assert not attempts, attempts
-  texts = text_data.tfds_texts(LM, data_dir, "validation[:3]")
-  assert len(texts) == 3 and set(texts) <= {(s,) for s in VALID}
-  assert (model_dir / text_data.VOCAB_NAME).is_file()
-  assert sorted(os.listdir(model_dir)) == [text_data.VOCAB_NAME]  # no temps
-  b = ds.batch(step=0, batch_size=4)
+  assert text.vocab_is_new and not model_dir.exists()   # nothing written
   assert set(b) == {"targets", "targets_segmentation", "targets_position",
                     "targets_weights"}
   for v in b.values():
     assert v.shape == (4, 32)
+  vocab = text.vocab
   for k in range(4):
     row = {f: b[f][k] for f in b}
     pad = row["targets_segmentation"] == 0
     assert (row["targets"][pad] == data.PAD).all()
     assert (row["targets_weights"] == ~pad).all()
-    assert pad.any()                      # 32 tokens never fit exactly here
     for tokens in _segments(row, "targets"):
       assert tokens[-1] == data.EOS and tokens.count(data.EOS) == 1
-      assert ds.decode(tokens) in TRAIN
+      assert vocab.decode(tokens) in TRAIN
   # Every sentence comes back, once: nothing dropped or truncated (the
   # blank one is skipped).
-  assert sorted(ds.decode(t) for t in _all_examples(ds, "targets")) == \
+  assert sorted(vocab.decode(t) for t in _all_examples(text.train,
+                                                       "targets")) == \
       sorted(TRAIN)
-  # Validation reuses the train split's vocabulary saved in model_dir.
-  vocab_mtime = os.path.getmtime(model_dir / text_data.VOCAB_NAME)
-  held = text_data.tfds_dataset(LM, data_dir, "validation", 32,
-                                str(model_dir), vocab_size=7)
-  assert held.vocab_size == ds.vocab_size
-  assert os.path.getmtime(model_dir / text_data.VOCAB_NAME) == vocab_mtime
-  assert sorted(held.decode(t) for t in _all_examples(held, "targets")) == \
+  assert sorted(vocab.decode(t) for t in _all_examples(text.held_out,
+                                                       "targets")) == \
       sorted(VALID)
+  # A sliced split reads only its part of the shard.
+  units = text_data.tfds_units(LM, data_dir, "validation[:3]")
+  assert [(u.start, u.stop) for u in units] == [(0, 3)]
+  # The vocabulary training saves is used again (not retrained).
+  vocab.save(str(model_dir / text_data.VOCAB_NAME))
+  again = text_data.make_text_data(_config(data_dir=data_dir, vocab_size=60),
+                                   str(model_dir))
+  assert not again.vocab_is_new and again.vocab.size == vocab.size
+  assert again.vocab.model_proto == vocab.model_proto
 
 
 def test_seq2seq_rows_from_two_text_keys(data_dir, tmp_path):
-  ds = text_data.tfds_dataset(
-      PAIRS, data_dir, "validation", 48, str(tmp_path / "m"),
-      vocab_size=100, text_keys=("translation/en", "translation/rev"))
-  b = ds.batch(0, 2)
+  c = _config(data_dir=data_dir, name=PAIRS, length=48,
+              keys="translation/en, translation/rev")
+  c.model_type = "bitransformer"
+  text = text_data.make_text_data(c, str(tmp_path / "m"))
+  b = text.held_out.batch(0)
   for f in ("inputs", "targets"):
-    assert b[f].shape == (2, 48)
-    assert b[f + "_segmentation"].shape == (2, 48)
+    assert b[f].shape == (4, 48)
+    assert b[f + "_segmentation"].shape == (4, 48)
   pairs = []
-  for row in ds.rows:
-    ins, outs = _segments(row, "inputs"), _segments(row, "targets")
-    assert len(ins) == len(outs)
-    pairs += [(ds.decode(x), ds.decode(y)) for x, y in zip(ins, outs)]
+  for slot in range(len(text.held_out.units)):
+    for row in text.held_out.unit_rows(slot):
+      ins, outs = _segments(row, "inputs"), _segments(row, "targets")
+      assert len(ins) == len(outs)
+      pairs += [(text.vocab.decode(x), text.vocab.decode(y))
+                for x, y in zip(ins, outs)]
   assert sorted(pairs) == sorted((s, _reverse(s)) for s in VALID)
 
 
 def test_make_data_for_a_bitransformer_and_text_keys_checks(data_dir,
                                                            tmp_path):
-  c = config_lib.default_config()
+  c = _config(data_dir=data_dir, name=PAIRS, vocab_size=64,
+              keys="translation/en, translation/rev")
   c.model_type = "bitransformer"
-  c.length = 32
-  c.vocab_size = 128
-  c.batch_size = 4
-  c.task.tfds_name = PAIRS
-  c.task.tfds_data_dir = data_dir
-  c.task.text_keys = "translation/en, translation/rev"
   d = experiment.make_data(c, str(tmp_path / "m"))
   batch = d.eval_batch(0)
   assert batch["inputs"].shape == batch["targets"].shape == (4, 32)
@@ -242,12 +256,12 @@ def test_make_data_for_a_bitransformer_and_text_keys_checks(data_dir,
   c.task.text_keys = "translation/en,translation/rev"
   with pytest.raises(text_data.DataError, match="model_type=lm needs one"):
     experiment.make_data(c, str(tmp_path / "m3"))
-  # A bad held-out split is found before train's vocabulary is written.
+  # A bad held-out split is found before anything is read or written.
   c.task.text_keys = "translation/en"
   c.task.tfds_eval_split = "test"
   with pytest.raises(text_data.DataError, match="cannot read split 'test'"):
     experiment.make_data(c, str(tmp_path / "m4"))
-  for m in ("m2", "m3", "m4"):
+  for m in ("m", "m2", "m3", "m4"):
     assert not (tmp_path / m).exists(), m
 
 
@@ -256,10 +270,10 @@ def test_installed_code_at_another_version_reads_the_prepared_files(
   newer = MeshtfTinyLmNewer(data_dir=data_dir)
   assert not newer.is_prepared()     # 2.0.0 code, 1.0.0 on disk
   monkeypatch.setattr(tfds, "builder", lambda name, **kw: newer)
-  ds = text_data.tfds_dataset(LM, data_dir, "validation", 32,
-                              str(tmp_path / "m"), vocab_size=100)
-  assert sorted(ds.decode(t) for t in _all_examples(ds, "targets")) == \
-      sorted(VALID)
+  text = text_data.make_text_data(_config(data_dir=data_dir),
+                                  str(tmp_path / "m"))
+  assert sorted(text.vocab.decode(t) for t in _all_examples(
+      text.held_out, "targets")) == sorted(VALID)
 
 
 # --- the binary ---------------------------------------------------------------
@@ -270,7 +284,7 @@ def test_binary_trains_on_a_prepared_dataset_by_name(data_dir, tmp_path):
   cmd = [sys.executable, "-m", "meshtf.train", "--model_dir=" + str(model_dir),
          "--config.task.tfds_name=" + LM,
          "--config.task.tfds_data_dir=" + data_dir,
-         "--config.vocab_size=128", "--config.length=32",
+         "--config.vocab_size=48", "--config.length=32",
          "--config.moe.num_experts=0", "--config.num_layers=1",
          "--config.eval_steps=1", "--mesh_shape=all:2", "--layout=batch:all",
          "--batch_size=4", "--train_steps=2"]
@@ -300,32 +314,35 @@ def _one_line_error(fn, *args, **kwargs):
 
 def test_unprepared_names_and_bad_dirs_splits_features(data_dir, tmp_path):
   model_dir = tmp_path / "m"
-  read = text_data.tfds_dataset
+
+  def read(name, where, split, keys=("text",)):
+    c = _config(split=split, eval_split=split, name=name, data_dir=where,
+                keys=",".join(keys))
+    c.model_type = "bitransformer" if len(keys) == 2 else "lm"
+    text = text_data.make_text_data(c, str(model_dir))
+    text.train.batch(0)
   listing = sorted(os.listdir(data_dir))
   with _no_network() as attempts:
     # Unknown to TFDS, and a real TFDS dataset (code installed) not prepared.
     for name in ("meshtf_never_prepared", "lm1b"):
-      msg = _one_line_error(read, name, data_dir, "train", 16, str(model_dir))
+      msg = _one_line_error(read, name, data_dir, "train")
       assert ("TFDS dataset %s is not prepared in %s" % (name, data_dir)
               in msg), msg
       assert "never downloads" in msg and "tfds build %s" % name in msg, msg
-    msg = _one_line_error(read, LM, str(tmp_path / "nowhere"), "train", 16,
-                          str(model_dir))
+      assert "--config.task.data_files" in msg, msg   # a key that exists
+    msg = _one_line_error(read, LM, str(tmp_path / "nowhere"), "train")
     assert "nowhere" in msg and "does not exist" in msg and LM in msg, msg
-    msg = _one_line_error(read, LM, data_dir, "test", 16, str(model_dir))
+    msg = _one_line_error(read, LM, data_dir, "test")
     assert "cannot read split 'test'" in msg, msg
     assert "--config.task.tfds_split / tfds_eval_split to one of blank, " \
         "train, validation" in msg, msg
-    msg = _one_line_error(read, LM, data_dir, "blank", 16, str(model_dir))
-    assert "split 'blank' has no non-blank examples of text" in msg, msg
-    msg = _one_line_error(read, LM, data_dir, "train", 16, str(model_dir),
-                          text_keys=("body",))
+    msg = _one_line_error(read, LM, data_dir, "blank")
+    assert "split 'blank'" in msg and "has no text" in msg, msg
+    msg = _one_line_error(read, LM, data_dir, "train", ("body",))
     assert "has no feature 'body' (its features: id, text)" in msg, msg
-    msg = _one_line_error(read, PAIRS, data_dir, "train", 16, str(model_dir),
-                          text_keys=("en", "rev"))
+    msg = _one_line_error(read, PAIRS, data_dir, "train", ("en", "rev"))
     assert "its features: translation/en, translation/rev" in msg, msg
-    msg = _one_line_error(read, LM, data_dir, "train", 16, str(model_dir),
-                          text_keys=("id",))
+    msg = _one_line_error(read, LM, data_dir, "train", ("id",))
     assert "feature 'id' is not a text string" in msg, msg
   assert not attempts, attempts
   assert not model_dir.exists()       # nothing written on bad input
