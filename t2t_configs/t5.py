@@ -109,7 +109,7 @@ def get_config(arg="t5.1.1_small"):
   c.layout = "batch:data;heads:model;d_ff:model;vocab:model"
   if size == "tiny":
     c.vocab_size = 128
-    c.length = 16
+    c.length = 32
     c.batch_size = 8
     c.train_steps = 100
     c.checkpoint_every = 50
