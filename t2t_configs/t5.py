@@ -100,6 +100,8 @@ def get_config(arg="t5.1.1_small"):
   c.log_every = 100
   c.target_accuracy = 1.0
   c.stop_at_target = False
+  c.task.extra_ids = 100       # T5's sentinels, after the vocab_file's
+  #                              32,000 pieces (with --config.task.vocab_file)
   c.plan_hardware = "tpuv3"
   c.activation_dtype = "bfloat16"
   data = max(CORES // model_parallel, 1)
@@ -107,7 +109,7 @@ def get_config(arg="t5.1.1_small"):
   c.layout = "batch:data;heads:model;d_ff:model;vocab:model"
   if size == "tiny":
     c.vocab_size = 128
-    c.length = 16
+    c.length = 32
     c.batch_size = 8
     c.train_steps = 100
     c.checkpoint_every = 50

@@ -428,3 +428,65 @@ def test_text_data_commands_and_snippet_work_as_written(tmp_path,
   assert r.returncode == 0, r.stderr[-3000:]
   assert r.stdout.strip().startswith("[b'") and r.stdout.count("b'") + \
       r.stdout.count('b"') == 2, r.stdout
+
+
+# --- docs/t5.md: a Mesh TF checkpoint fine-tuned, as written ------------------
+def t5_commands():
+  """The indented commands of docs/t5.md, as argv lists (its header excerpt
+  and other indented text are not commands)."""
+  import shlex
+  return [shlex.split(l.strip()) for l in _doc("t5.md").splitlines()
+          if l.startswith("    python -m meshtf.train")]
+
+
+@pytest.mark.timeout(1500)
+def test_t5_guide_commands_work_as_written(tmp_path, monkeypatch):
+  """docs/t5.md's fine-tuning walk-through from the repository root, /tmp/
+  meaning this test's directory, through the binary's main in this process:
+  a stand-in release written in Mesh TF's format, fine-tuned on the shipped
+  TSV (the header shows the restore block the guide quotes), evaluated,
+  decoded, exported twice. (The guide's --mode=plan of t5.1.1_xxl: the next
+  test.)"""
+  import io
+  from meshtf.train import main
+  cmds = t5_commands()
+  assert len(cmds) == 8 and "--mode=plan" in cmds[-1], cmds
+  monkeypatch.chdir(str(ROOT))
+  outs = []
+  for argv in cmds[:-1]:
+    out, err = io.StringIO(), io.StringIO()
+    code = main.run_command(["meshtf.train"] + _in_tmp(argv, tmp_path)[3:],
+                            out=out, err=err)
+    assert code == 0 and err.getvalue() == "", (argv, err.getvalue())
+    outs.append(out.getvalue().replace(str(tmp_path) + "/", "/tmp/"))
+  quoted = _doc("t5.md").split("traced:\n\n", 1)[1].split("\n\n", 1)[0]
+  for line in quoted.splitlines():
+    assert line[4:] in outs[2].splitlines(), (line, outs[2][-3000:])
+  assert (tmp_path / "t5_ft" / "mesh_tf" / "model.ckpt-50.index").exists()
+  assert (tmp_path / "t5_ft" / "export" / "saved_model.pb").exists()
+
+
+@pytest.mark.timeout(1200)
+def test_t5_guide_plan_command_works_as_written(tmp_path, monkeypatch):
+  """docs/t5.md's plan of T5.1.1 xxl: its training step fits 16 GiB TPU v3
+  cores on the mesh the guide names."""
+  import io
+  import json
+  from meshtf.train import main
+  argv = t5_commands()[-1]
+  monkeypatch.chdir(str(ROOT))
+  out, err = io.StringIO(), io.StringIO()
+  code = main.run_command(["meshtf.train"] + _in_tmp(argv, tmp_path)[3:],
+                          out=out, err=err)
+  assert code == 0 and err.getvalue() == "", err.getvalue()
+  assert "DOES NOT FIT" not in out.getvalue(), out.getvalue()[:2000]
+  plan = json.loads((tmp_path / "t5_xxl_plan" / "plan.json").read_text())
+  assert plan["mesh"] == "data:16;model:16" and plan["fits_in_memory"]
+  memory = plan["memory_bytes_per_device"]
+  said = "a peak of %.1f GB per core (%.1f GB of weights, %.1f GB of\n" \
+      "activations kept), a step of %.2f s on the plan's TPU v3 model (%d%% of " \
+      "peak\nflops)" % (memory["peak"] / 1e9, memory["parameters"] / 1e9,
+                        memory["activations_saved"] / 1e9,
+                        plan["step_seconds"],
+                        round(100 * plan["flops_utilization"]))
+  assert said in _doc("t5.md"), said

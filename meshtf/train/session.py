@@ -62,6 +62,7 @@ class Session(object):
         model_dir, max_to_keep=config.keep_checkpoints)
     self.checkpoint = checkpoint
     self.restored_names = None   # the variables of the restored checkpoint
+    self.from_init_checkpoint = False   # restore() took config.init_checkpoint
     self.restored_meta = None    # its meta.json (the input position)
     self.sink = experiment.MoeMetrics()
     self.model = experiment.build_model(config, self.sink, self.mesh_layout)
@@ -122,6 +123,7 @@ class Session(object):
     from meshtf.train import init_checkpoint
     found = self.checkpoint
     if isinstance(found, init_checkpoint.RestorePlan):
+      self.from_init_checkpoint = True
       found.restore_into(self.store)   # read slice by slice when created
       if self.mode != "train":          # train prints it in its header
         for line in found.lines():

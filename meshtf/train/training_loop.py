@@ -92,7 +92,11 @@ def _train(session, progress=None, stops=None):
     # The stream continues where the checkpoint's position says; its first
     # batch is read before anything is written, so bad data (found when it
     # is read) leaves model_dir as it was.
-    if start_step:
+    if start_step and session.from_init_checkpoint:
+      # A fine-tune reads its data from the beginning, at the released
+      # checkpoint's step (another model's run: no position to continue).
+      data.restore_train(None, start_step)
+    elif start_step:
       meta = session.restored_meta or {}
       why = data.restore_train(meta.get("extra", {}).get("input"),
                                start_step)

@@ -216,3 +216,87 @@ def _restored_store(values):
   store = mtf.VariableStore()
   store.restore_values(values)
   return store
+
+
+# --- the binary: fine-tune a Mesh TF checkpoint on a TSV task -----------------
+def _vocab_and_tsv(directory):
+  """A sentencepiece model of 20 pieces (+ 100 extra ids: the fixture's 120
+  ids) and a TSV of pairs, each pair long enough to fill its own row."""
+  import sentencepiece as spm
+  rs = np.random.RandomState(0)
+
+  def words(n):
+    return " ".join("".join(rs.choice(list("abcdefgh"), rs.randint(2, 5)))
+                    for _ in range(n))
+  corpus = os.path.join(directory, "corpus.txt")
+  with open(corpus, "w") as f:
+    f.write("".join(words(6) + "\n" for _ in range(300)))
+  spm.SentencePieceTrainer.train(
+      input=corpus, model_prefix=os.path.join(directory, "spm"),
+      vocab_size=20, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
+      model_type="unigram", minloglevel=2)
+  tsv = os.path.join(directory, "train.tsv")
+  with open(tsv, "w") as f:
+    f.write("".join("%s\t%s\n" % (words(4), words(4)) for _ in range(64)))
+  return os.path.join(directory, "spm.model"), tsv
+
+
+def _binary_config(fx, vocab, tsv, finetune_steps):
+  c = _meshtf_config(fx)
+  c.update(dict(vocab_size=120, mesh_shape="data:2;model:2",
+                layout="batch:data;heads:model;d_ff:model;vocab:model",
+                finetune_steps=finetune_steps, eval_every=0, eval_steps=1,
+                log_every=1, checkpoint_every=2))
+  c.task.data_files, c.task.seq2seq = tsv, True
+  c.task.vocab_file, c.task.extra_ids = vocab, 100
+  return c
+
+
+def _fine_tune(fx, vocab, tsv, model_dir, finetune_steps):
+  import io
+  from meshtf.train import main
+  out = io.StringIO()
+  main.run(_binary_config(fx, vocab, tsv, finetune_steps), "train",
+           model_dir, out=out, progress=False)
+  with open(os.path.join(model_dir, main.METRICS_FILE)) as f:
+    losses = {r["step"]: r["loss"] for r in map(__import__("json").loads, f)}
+  return losses, out.getvalue()
+
+
+def test_the_binary_fine_tunes_a_mesh_tf_checkpoint_on_a_tsv(tmp_path):
+  """The binary on a TSV task with its sentencepiece file and T5's 100
+  extra ids, from the T5.1.1 fixture: the header's restore block, the first
+  step's loss is the one Mesh TF's own model computes on that step's batch,
+  and a fine-tune resumed half way repeats the uninterrupted one."""
+  fx = mesh_tf_t5.make_fixture(None, *SPECS["t5.1.1"])
+  vocab, tsv = _vocab_and_tsv(str(tmp_path))
+  first = str(tmp_path / "ft")
+  losses, header = _fine_tune(fx, vocab, tsv, first, 2)
+  step = fx["config"]["step"]
+  assert sorted(losses) == [step, step + 1]
+  assert "init_checkpoint: %s (Mesh TF), step %d" % (fx["checkpoint"],
+                                                      step) in header
+  assert "  restored 52 of 52 weights, 90 of 90 optimizer slots, the step" \
+      in header
+  assert "vocabulary 120 ids (100 extra ids): vocabulary file %s" % vocab \
+      in header
+  assert "input:" not in header   # a fine-tune's data starts at its start
+  # The batch of the first step, as the binary read it: one example a row.
+  config = _binary_config(fx, vocab, tsv, 2)
+  data = experiment.make_data(config, first)
+  data.restore_train(None, step)
+  batch = data.train_batch(step)
+  assert batch["inputs_segmentation"].max() == 1 == batch[
+      "targets_segmentation"].max()
+  path = str(tmp_path / "batch.npz")
+  np.savez(path, inputs=batch["inputs"], targets=batch["targets"])
+  theirs = mesh_tf_t5.score_checkpoint(
+      tmp_path, fx["checkpoint"], path,
+      **dict(fx["config"], inputs_length=config.length))["outputs"]
+  np.testing.assert_allclose(losses[step], theirs["loss_train"], rtol=1e-5)
+  # Resumed from ckpt-(step + 2): the uninterrupted fine-tune's losses.
+  resumed, header = _fine_tune(fx, vocab, tsv, first, 4)
+  assert "resumed from step %d" % (step + 2) in header
+  straight, _ = _fine_tune(fx, vocab, tsv, str(tmp_path / "straight"), 4)
+  assert [resumed[step + 2], resumed[step + 3]] == [
+      straight[step + 2], straight[step + 3]]
