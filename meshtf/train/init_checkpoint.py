@@ -199,7 +199,8 @@ def plan_restore(config, graph, model, path=None):
   if not plan.weights[0]:
     model_names = [names.to_mesh_tf(v.name) if names else v.name
                    for v in graph.trainable_variables]
-    theirs = sorted(n for n in entries if not _is_slot_entry(n))
+    theirs = sorted(n for n in entries
+                    if not _is_slot_entry(n) and n != mtf_ckpt.STEP)
     raise UsageError(
         "init_checkpoint %s is of another architecture: none of the model's "
         "%d weights is in it (its entries: %s; this config's model looks "

@@ -64,6 +64,19 @@ def files(tmp_path_factory):
   (d / "words.txt").write_text("".join(
       " ".join(words[(i + j) % 9] for j in range(7)) + "\n"
       for i in range(300)))
+  # Checkpoints and a vocabulary of the T5 issue (38): one of another
+  # network, one whose embedding is narrower than t5.1.1_tiny's, and a
+  # sentencepiece model whose pieces and T5's 100 extra ids outgrow it.
+  from meshtf.train import mesh_tf_checkpoint
+  import numpy as np
+  mesh_tf_checkpoint.write(str(d / "bert"), 7, {
+      "bert/embeddings/word_embeddings": np.zeros([128, 32], np.float32)})
+  mesh_tf_checkpoint.write(str(d / "narrow"), 7, {
+      "shared/embedding": np.zeros([128, 16], np.float32)})
+  import sentencepiece as spm
+  spm.SentencePieceTrainer.train(
+      input=str(d / "words.txt"), model_prefix=str(d / "spm30"),
+      vocab_size=30, pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2)
   import tensorflow as tf
   with tf.io.TFRecordWriter(str(d / "docs.tfrecord")) as w:
     w.write(tf.train.Example(features=tf.train.Features(feature={
@@ -167,6 +180,8 @@ STATES = {"none": lambda d: None, "trained": _state_trained,
 # (case id, flags ({files} and {model_dir} are filled in), model_dir state,
 #  the text the one line must contain). "--config=" + lm_tiny is added
 # unless the flags name a --config or start with "NO_CONFIG".
+T5_TINY = "--config=" + os.path.join(CONFIGS, "t5.py") + ":t5.1.1_tiny"
+
 CASES = [
     # flags and config overrides
     ("unknown_key", ["--config.nope=1"], "none",
@@ -349,6 +364,30 @@ CASES = [
                                       "--config.task.vocab_file="
                                       "{files}/image.png"], "none",
      "vocabulary file {files}/image.png is not a sentencepiece model"),
+    # init_checkpoint and vocabulary files of a T5 fine-tune (issue 38)
+    ("init_checkpoint_missing", [T5_TINY, "--config.init_checkpoint="
+                                 "{files}/nowhere"], "none",
+     "init_checkpoint {files}/nowhere does not exist: give a Mesh TF "
+     "checkpoint prefix"),
+    ("init_checkpoint_not_a_checkpoint", [
+        T5_TINY, "--config.init_checkpoint={files}/words.txt"], "none",
+     "init_checkpoint {files}/words.txt is a file that is not a checkpoint"),
+    ("init_checkpoint_other_architecture", [
+        T5_TINY, "--config.init_checkpoint={files}/bert"], "none",
+     "init_checkpoint {files}/bert is of another architecture: none of the "
+     "model's 52 weights is in it (its entries: "
+     "bert/embeddings/word_embeddings; this config's model looks for: "
+     "shared/embedding, "),
+    ("init_checkpoint_shape", [T5_TINY,
+                               "--config.init_checkpoint={files}/narrow"],
+     "none", "entry 'shared/embedding' has shape [128, 16] but the model's "
+     "variable 'shared/embedding' [vocab:128, d_model:32] needs [128, 32]"),
+    ("vocab_file_too_big", [T5_TINY, "--config.task.data_files=" + os.path.join(
+        CONFIGS, "t5_tiny_pairs.tsv"), "--config.task.seq2seq=True",
+                            "--config.task.vocab_file="
+                            "{files}/spm30.model"], "none",
+     "vocab_size 128 does not fit task.vocab_file {files}/spm30.model: it "
+     "has 30 pieces + 100 extra_ids = 130 ids"),
     ("prompts_not_utf8", ["--mode=decode",
                           "--config.decode_prompts_file={files}/latin1.txt"],
      "none", "decode prompt file {files}/latin1.txt is not UTF-8 text"),
