@@ -197,20 +197,31 @@ def pack(examples, length):
   return rows
 
 
+def pack_feature(group, name, length):
+  """{name, name_segmentation, name_position}: feature `name` of the
+  examples in group laid end to end in one row of length (segment ids 1,
+  2, ..., positions from 0 in each; 0 after the last).
+
+  Example:
+    >>> pack_feature([{"t": [5, 1]}, {"t": [7, 1]}], "t", 5)["t_position"]
+    array([0, 1, 0, 1, 0], dtype=int32)
+  """
+  tokens = np.zeros(length, np.int32)
+  seg = np.zeros(length, np.int32)
+  pos = np.zeros(length, np.int32)
+  at = 0
+  for i, ex in enumerate(group):
+    v = ex[name]
+    tokens[at:at + len(v)] = v
+    seg[at:at + len(v)] = i + 1
+    pos[at:at + len(v)] = np.arange(len(v))
+    at += len(v)
+  return {name: tokens, name + "_segmentation": seg,
+          name + "_position": pos}
+
+
 def _pack_row(group, length):
   row = {}
   for name in sorted(group[0]):
-    tokens = np.zeros(length, np.int32)
-    seg = np.zeros(length, np.int32)
-    pos = np.zeros(length, np.int32)
-    at = 0
-    for i, ex in enumerate(group):
-      v = ex[name]
-      tokens[at:at + len(v)] = v
-      seg[at:at + len(v)] = i + 1
-      pos[at:at + len(v)] = np.arange(len(v))
-      at += len(v)
-    row[name] = tokens
-    row[name + "_segmentation"] = seg
-    row[name + "_position"] = pos
+    row.update(pack_feature(group, name, length))
   return row

@@ -39,6 +39,8 @@ Example:
 """
 import numpy as np
 
+from meshtf.train import data as data_lib
+
 EOS = 1
 PAD = 0
 OBJECTIVES = ("lm", "seq2seq", "prefix_lm", "span_corruption")
@@ -347,19 +349,7 @@ class Packer(object):
   def _row(self):
     row = {}
     for name in self.features:
-      tokens = np.zeros(self.length, np.int32)
-      seg = np.zeros(self.length, np.int32)
-      pos = np.zeros(self.length, np.int32)
-      at = 0
-      for i, ex in enumerate(self._group):
-        v = ex[name]
-        tokens[at:at + len(v)] = v
-        seg[at:at + len(v)] = i + 1
-        pos[at:at + len(v)] = np.arange(len(v))
-        at += len(v)
-      row[name] = tokens
-      row[name + "_segmentation"] = seg
-      row[name + "_position"] = pos
+      row.update(data_lib.pack_feature(self._group, name, self.length))
     weights = np.zeros(self.length, np.float32)
     at = 0
     for ex in self._group:
