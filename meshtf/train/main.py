@@ -374,6 +374,7 @@ def _expected_errors():
   from meshtf.train import decode as decode_lib
   from meshtf.train import text_data
   return ((errors.DivergedError, errors.EXIT_DIVERGED),
+          (errors.ClusterError, errors.EXIT_CLUSTER),
           ((config_lib.ConfigError, UsageError, text_data.DataError,
             decode_lib.PromptError, LayoutError,
             checkpoint.DamagedCheckpointError), errors.EXIT_USAGE))
@@ -511,10 +512,11 @@ def main(argv):
   if not FLAGS["verbosity"].present:
     absl_logging.set_verbosity(absl_logging.WARNING)
   code = run_with_flags(FLAGS, argv)
-  if code in (stopping.exit_code(s) for s in stopping.SIGNALS):
-    # Stopped by a signal: everything is saved; TensorFlow's threads may
-    # still wait on a collective the stop cut short, which would hold up
-    # the interpreter's exit.
+  if code == errors.EXIT_CLUSTER or code in (stopping.exit_code(s)
+                                             for s in stopping.SIGNALS):
+    # Stopped by a signal (everything is saved) or a lost worker:
+    # TensorFlow's threads may still wait on a collective that was cut
+    # short, which would hold up the interpreter's exit.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # pylint: disable=protected-access

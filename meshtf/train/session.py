@@ -61,6 +61,8 @@ class Session(object):
         model_dir, max_to_keep=config.keep_checkpoints)
     self.checkpoint = checkpoint
     self.restored_names = None   # the variables of the restored checkpoint
+    # What the run is doing ("step 16"): a lost worker's line names it.
+    self.doing = "starting"
     self.sink = experiment.MoeMetrics()
     self.model = experiment.build_model(config, self.sink, self.mesh_layout)
     self._eval_fn = None

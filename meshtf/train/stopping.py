@@ -101,6 +101,13 @@ class StopRequests(object):
     self._previous.clear()
     return False
 
+  def reinstall(self):
+    """Installs the handlers again (if entered): joining a TensorFlow
+    cluster replaces the SIGTERM handler with TensorFlow's preemption
+    notifier, which would leave a SIGTERM unanswered."""
+    for s in self._previous:
+      signal.signal(s, self._handle)
+
   def _handle(self, signum, unused_frame):
     if self._deferring and self.signum is None:
       self.signum = signum
@@ -124,15 +131,23 @@ class StopRequests(object):
 
 
 class NoStops(object):
-  """The stand-in when no StopRequests is active (the library API)."""
+  """The stand-in when no StopRequests is active (the library API); a
+  multi-worker run may still be told to stop by another worker (.signum
+  set)."""
   signum = None
-  requested = False
   phase = ""
+
+  @property
+  def requested(self):
+    return self.signum is not None
 
   @contextlib.contextmanager
   def deferred(self, phase):
     del phase
     yield self
+
+  def reinstall(self):
+    pass
 
 
 __all__ = ["StopRequests", "NoStops", "Stopped", "Interrupted", "exit_code",

@@ -101,6 +101,9 @@ def _train(session, progress=None, stops=None):
       clip_gradient_norm=config.clip_gradient_norm or None,
       bucket_bytes=int(config.get("collective_bucket_mb", 1.0) * (1 << 20)))
   lr_fn = experiment.learning_rate_schedule(config)
+  # Several workers stop together: each step boundary agrees on the stop
+  # requests of all of them (meshtf/train/peers.py).
+  agree = _stop_agreement(session)
   if chief:
     writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
     eval_writer = tf.summary.create_file_writer(os.path.join(model_dir,
@@ -136,6 +139,7 @@ def _train(session, progress=None, stops=None):
     print_header(session, start_step)
     log("tracing and lowering the training step ...")
   saved_step = start_step if session.restored_names is not None else None
+  stopped_by = None   # the task told to stop, when another worker was
   bar = None
   t_start = time.time()
   t_window, window_steps = time.time(), 0
@@ -145,10 +149,26 @@ def _train(session, progress=None, stops=None):
     if bar is not None:
       bar.close()
   deferral.callback(close_bar)
+  if agree is not None:
+    # One worker stopping at once would fail the others' collectives: the
+    # first signal waits for the first step's boundary, where all agree.
+    deferral.enter_context(stops.deferred(
+        "tracing and lowering the training step"))
+
+  def stop_requested():
+    nonlocal stopped_by
+    if agree is None:
+      return stops.requested
+    session.doing = "the stop agreement after step %d" % step
+    signum, task = agree(stops.signum)
+    if signum is not None and not stops.requested:
+      stops.signum, stopped_by = signum, task
+    return stops.requested
   with deferral, (open(metrics_path, "a") if chief else
                   open(os.devnull, "w")) as metrics_file:
-    while step < end and not stops.requested:
+    while step < end and not stop_requested():
       t0 = time.time()
+      session.doing = "step %d" % (step + 1)   # counted as the log does
       outputs = step_fn(data.train_batch(step, rows=session.rows))
       record = {k: float(np.asarray(v)) for k, v in outputs.items()}
       if int(record["step"]) != step:
@@ -157,7 +177,10 @@ def _train(session, progress=None, stops=None):
       check_finite(record, step, config, saved_step)
       dt = time.time() - t0
       if step == start_step:
-        deferral.enter_context(stops.deferred("training"))
+        if agree is None:
+          deferral.enter_context(stops.deferred("training"))
+        else:
+          stops.phase = "training"
         print_first_step(session, step_fn, dt)
         bar = _progress_bar(config, start_step, progress)
         t_window, window_steps = time.time(), 0
@@ -181,9 +204,11 @@ def _train(session, progress=None, stops=None):
         if bar is None:
           log("step %d  %s" % (step, _postfix(record)))
       if step % config.checkpoint_every == 0 and step < end:
+        session.doing = "the save of ckpt-%d" % step
         _save(session, step, config, saved_step)
         saved_step = step
       if config.eval_every and step % config.eval_every == 0 and step < end:
+        session.doing = "the eval at step %d" % step
         result = session.evaluate(data)
         evals.append(dict(result, step=step))
         _write_eval(eval_writer, result, step)
@@ -200,13 +225,22 @@ def _train(session, progress=None, stops=None):
     wall = time.time() - t_start
     if step > start_step and saved_step != step:
       stops.phase = "saving ckpt-%d" % step
+      session.doing = "the save of ckpt-%d" % step
       _save(session, step, config, saved_step)
+      saved_step = step
   if stops.requested:
     writer.flush()
     eval_writer.flush()
+    _all_done(session, "meshtf/stopped")
+    # In a multi-worker run the chief may still be writing it: its name.
+    path = (os.path.join(model_dir, "ckpt-%d" % saved_step)
+            if saved_step is not None else session.manager.latest())
     raise stopping.Stopped(stops.signum, stopped_message(
-        stops.signum, step, session.manager.latest(), model_dir))
+        stops.signum, step, path, model_dir,
+        None if stopped_by is None or stopped_by == session.workers.index
+        else session.workers.describe(stopped_by)))
   if not (evals and evals[-1]["step"] == step):
+    session.doing = "the final eval at step %d" % step
     result = session.evaluate(data)
     evals.append(dict(result, step=step))
     _write_eval(eval_writer, result, step)
@@ -222,23 +256,50 @@ def _train(session, progress=None, stops=None):
               "REACHED" if reached else "NOT reached"))
   writer.flush()
   eval_writer.flush()
+  _all_done(session, "meshtf/trained")
   return {"history": history, "eval": final, "evals": evals,
           "reached": reached, "start_step": start_step, "step": step,
           "wall_s": wall, "collective_stats":
           step_fn.mesh_function.collective_stats() if history else None}
 
 
-def stopped_message(signum, step, path, model_dir):
-  """The one line of a training run stopped by a signal after saving.
+def stopped_message(signum, step, path, model_dir, other=None):
+  """The one line of a training run stopped by a signal after saving;
+  other: the worker that got the signal, when it was not this one.
 
   Example:
     >>> stopped_message(signal.SIGTERM, 37, "/tmp/m/ckpt-37", "/tmp/m")
     'stopped by SIGTERM after step 37: saved /tmp/m/ckpt-37; train again
     with --model_dir=/tmp/m to continue from step 37'
   """
+  by = stopping.signal_name(signum)
+  if other is not None:
+    by = "%s to worker %s (all workers stop together)" % (by, other)
+  if path is None:
+    return ("stopped by %s before the first step: nothing to save; train "
+            "again with --model_dir=%s to start" % (by, model_dir))
   return ("stopped by %s after step %d: saved %s; train again with "
           "--model_dir=%s to continue from step %d" % (
-              stopping.signal_name(signum), step, path, model_dir, step))
+              by, step, path, model_dir, step))
+
+
+def _stop_agreement(session):
+  """A peers.StopAgreement for a multi-worker session, else None."""
+  workers = session.workers
+  if workers is None or workers.num_workers == 1:
+    return None
+  from meshtf.train import peers
+  return peers.StopAgreement(session.impl, workers)
+
+
+def _all_done(session, name):
+  """In a multi-worker run, waits (bounded) until every worker got here:
+  one that exits at once could fail the others' last collective."""
+  workers = session.workers
+  if workers is not None and workers.num_workers > 1:
+    from meshtf.train import peers
+    session.doing = "the final barrier"
+    peers.wait_for_all(name, session.config.peer_timeout_seconds)
 
 
 # --- the divergence guard -----------------------------------------------------
@@ -344,10 +405,11 @@ def print_header(session, start_step):
     lines.append(REMAT_LINES[config.remat])
   if session.rows is not None:
     w = session.workers
-    lines.append("workers: %d (this is task %d%s); it reads batch rows %s of "
-                 "%d" % (w.num_workers, w.index,
-                         ", the chief" if w.is_chief else "",
-                         _ranges(session.rows), config.batch_size))
+    lines.append("workers: %d%s (this is task %d%s); it reads batch rows %s "
+                 "of %d" % (w.num_workers, " from TF_CONFIG in the "
+                            "environment" if w.from_environment else "",
+                            w.index, ", the chief" if w.is_chief else "",
+                            _ranges(session.rows), config.batch_size))
   lines.append("model_dir: %s (%s)" % (
       session.model_dir, "resumed from step %d" % start_step
       if start_step else "new"))
