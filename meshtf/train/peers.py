@@ -93,8 +93,6 @@ def unhealthy_workers(workers, error=None, timeout_seconds=PEER_CHECK_SECONDS):
   """
   from tensorflow.python.eager import context
   found = {}
-  for m in _HEARTBEAT_LOSS.finditer(str(error or "")):
-    found[int(m.group(1))] = "its heartbeats stopped"
   ctx = context.context()
   job = "worker"
   from meshtf.lowering import cluster
@@ -114,7 +112,11 @@ def unhealthy_workers(workers, error=None, timeout_seconds=PEER_CHECK_SECONDS):
     t.start()
   for t in threads:
     t.join(timeout_seconds + 2.0)
-  return found
+  # The coordination service names a worker out of heartbeats; the check
+  # above says more (gone, or not answering) where it got an answer.
+  for m in _HEARTBEAT_LOSS.finditer(str(error or "")):
+    found.setdefault(int(m.group(1)), "its heartbeats stopped")
+  return dict(found)
 
 
 def _health_reason(error, timeout_seconds):
@@ -199,8 +201,7 @@ def _command(argv=None):
   words = [a for a in argv if not a.startswith("--task_index")]
   if words and os.path.basename(words[0]).startswith("python"):
     words[0] = "python"
-  text = " ".join(shlex.quote(w) for w in words)
-  return text if len(text) <= 400 else text[:400] + " ..."
+  return " ".join(shlex.quote(w) for w in words)
 
 
 def log_path(model_dir, task):

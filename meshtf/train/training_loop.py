@@ -155,15 +155,22 @@ def _train(session, progress=None, stops=None):
     deferral.enter_context(stops.deferred(
         "tracing and lowering the training step"))
 
+  agreed = [False]   # several workers: all agreed to stop
+
   def stop_requested():
     nonlocal stopped_by
     if agree is None:
       return stops.requested
     session.doing = "the stop agreement after step %d" % step
+    # Only what all agreed on counts: a signal that arrives after this
+    # worker's request went out is agreed at the next boundary.
     signum, task = agree(stops.signum)
-    if signum is not None and not stops.requested:
-      stops.signum, stopped_by = signum, task
-    return stops.requested
+    if signum is None:
+      return False
+    if not stops.requested:
+      stops.signum = signum
+    stopped_by, agreed[0] = task, True
+    return True
   with deferral, (open(metrics_path, "a") if chief else
                   open(os.devnull, "w")) as metrics_file:
     while step < end and not stop_requested():
@@ -228,7 +235,9 @@ def _train(session, progress=None, stops=None):
       session.doing = "the save of ckpt-%d" % step
       _save(session, step, config, saved_step)
       saved_step = step
-  if stops.requested:
+    if agree is not None and not agreed[0] and step > start_step:
+      stop_requested()   # a signal during the last step or the final save
+  if (agreed[0] if agree is not None else stops.requested):
     writer.flush()
     eval_writer.flush()
     _all_done(session, "meshtf/stopped")
