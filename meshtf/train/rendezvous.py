@@ -347,9 +347,11 @@ def meet(workers, mine, timeout_seconds, log, now=time.monotonic):
         done = _step(x, x.sock in r, x.sock in w, got, why, workers, me)
         if done or now() - x.started > _EXCHANGE_SECONDS:
           if not done and x.task is not None and x.task not in got:
-            why[x.task] = ("something answers at %s but says nothing (not "
-                           "a meshtf worker of this run?)" %
-                           workers.hosts[x.task])
+            why[x.task] = (
+                "something answers at %s but says nothing (not a meshtf "
+                "worker of this run?)" % workers.hosts[x.task]
+                if x.connected else "no answer (the connection attempt "
+                "timed out: its host is down, or a firewall drops the port)")
           x.close()
           open_exchanges.remove(x)
   finally:

@@ -338,6 +338,9 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
   data = experiment.make_data(config, model_dir)
   if mode == "eval":
     result = session.evaluate(data)
+    if workers is not None and workers.num_workers > 1:
+      from meshtf.train import peers   # no worker leaves a gather early
+      peers.wait_for_all("meshtf/evaluated", config.peer_timeout_seconds)
     log("eval at step %d: loss %.4f  accuracy %.4f  perplexity %.3f  "
         "(%d held-out tokens)" % (step, result["loss"], result["accuracy"],
                                   result["perplexity"], result["tokens"]))

@@ -111,3 +111,19 @@ def test_address_checks():
       ["192.0.2.1:2222", "127.0.0.1:1"], 0))
   assert len(got) == 1 and "is not an address of this machine" in got[0] \
       and "--task_index=0" in got[0], got
+
+
+def test_why_a_worker_is_missing_is_named():
+  """A peer whose name does not resolve (a Kubernetes pod not up yet) and
+  one on an address no route leads to are named with why."""
+  me = _hosts(1)[0]
+  w = workers_lib.Workers([me, "no-such-host.invalid:2222",
+                           "192.0.2.1:2222"], 0)
+  with pytest.raises(errors.ClusterError) as e:
+    rendezvous.meet(w, rendezvous.greeting(w, config_lib.default_config(),
+                                           "train"), 1.5, lambda line: None)
+  text = str(e.value)
+  assert text.startswith("2 workers did not join within 2 s")
+  assert "task 1 (no-such-host.invalid:2222): the name does not resolve" \
+      in text
+  assert "task 2 (192.0.2.1:2222): " in text and "\n" not in text
