@@ -140,6 +140,7 @@ def _train(session, progress=None, stops=None):
     log("tracing and lowering the training step ...")
   saved_step = start_step if session.restored_names is not None else None
   stopped_by = None   # the task told to stop, when another worker was
+  agreed = False      # several workers: all agreed to stop
   bar = None
   t_start = time.time()
   t_window, window_steps = time.time(), 0
@@ -155,10 +156,8 @@ def _train(session, progress=None, stops=None):
     deferral.enter_context(stops.deferred(
         "tracing and lowering the training step"))
 
-  agreed = [False]   # several workers: all agreed to stop
-
   def stop_requested():
-    nonlocal stopped_by
+    nonlocal stopped_by, agreed
     if agree is None:
       return stops.requested
     session.doing = "the stop agreement after step %d" % step
@@ -169,7 +168,7 @@ def _train(session, progress=None, stops=None):
       return False
     if not stops.requested:
       stops.signum = signum
-    stopped_by, agreed[0] = task, True
+    stopped_by, agreed = task, True
     return True
   with deferral, (open(metrics_path, "a") if chief else
                   open(os.devnull, "w")) as metrics_file:
@@ -235,9 +234,9 @@ def _train(session, progress=None, stops=None):
       session.doing = "the save of ckpt-%d" % step
       _save(session, step, config, saved_step)
       saved_step = step
-    if agree is not None and not agreed[0] and step > start_step:
+    if agree is not None and not agreed and step > start_step:
       stop_requested()   # a signal during the last step or the final save
-  if (agreed[0] if agree is not None else stops.requested):
+  if (agreed if agree is not None else stops.requested):
     writer.flush()
     eval_writer.flush()
     _all_done(session, "meshtf/stopped")
