@@ -187,7 +187,7 @@ def resume_line(workers, mesh_size, argv=None):
   """
   counts = [n for n in range(1, mesh_size + 1) if mesh_size % n == 0]
   command = _command(argv)
-  return ("To resume from it, start every worker again with the same "
+  return ("To resume, start every worker again with the same "
           "command (%s, with each worker's task index), or with a "
           "--worker_hosts list of %s workers (the mesh has %d processors), "
           "or on one machine: python -m meshtf.train.launch --workers=N -- "

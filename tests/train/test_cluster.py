@@ -213,8 +213,8 @@ def test_a_lost_worker_is_one_line_and_the_launcher_restarts_the_group(
                   r"\(127.0.0.1:\d+\) was lost during .*step \d+ \((its "
                   r"process is gone: connection refused|its heartbeats "
                   r"stopped)\): %s keeps ckpt-4 "
-                  r"\(step 4\); the steps after it are lost. To resume from "
-                  r"it, start every worker again with the same command" %
+                  r"\(step 4\); the steps after it are lost. To resume, start "
+                  r"every worker again with the same command" %
                   re.escape(str(model_dir)), lost[0]), lost[0]
   assert any("worker 1 was killed by SIGKILL: restarting all 2 workers" in l
              for l in launcher.err), launcher.err
