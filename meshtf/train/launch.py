@@ -231,8 +231,10 @@ def run_group(group, options, received, log, poll=0.1):
         if c not in (None, 0):
           cause = i
           if any(x is None for x in codes):
-            log("worker %d %s: stopping the others" % (i, describe_exit(c)))
-            group.signal_all(signal.SIGTERM)
+            if not received:   # else they are stopping already
+              log("worker %d %s: stopping the others" % (
+                  i, describe_exit(c)))
+              group.signal_all(signal.SIGTERM)
             deadline = time.monotonic() + options.grace_seconds
           break
     if all(c is not None for c in codes):

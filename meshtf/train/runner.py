@@ -240,8 +240,11 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
                          workers, mesh_layout, found, prompt_set,
                          layout_choice, stops, held)
     except Exception as e:  # pylint: disable=broad-except
-      _raise_if_worker_lost(e, config, model_dir, workers, mesh_layout,
-                            held.get("session"))
+      # A launcher or scheduler stopping the survivors meanwhile must not
+      # cut the line short: a signal waits for it.
+      with stops.deferred("naming the lost worker"):
+        _raise_if_worker_lost(e, config, model_dir, workers, mesh_layout,
+                              held.get("session"))
       raise
     if layout_choice is not None and isinstance(result, dict):
       result["layout_choice"] = layout_choice

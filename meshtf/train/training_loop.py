@@ -163,12 +163,13 @@ def _train(session, progress=None, stops=None):
     session.doing = "the stop agreement after step %d" % step
     # Only what all agreed on counts: a signal that arrives after this
     # worker's request went out is agreed at the next boundary.
-    signum, task = agree(stops.signum)
+    own = stops.signum
+    signum, task = agree(own)
     if signum is None:
       return False
-    if not stops.requested:
-      stops.signum = signum
-    stopped_by, agreed = task, True
+    if own is None:
+      stops.signum, stopped_by = signum, task   # another worker's signal
+    agreed = True
     return True
   with deferral, (open(metrics_path, "a") if chief else
                   open(os.devnull, "w")) as metrics_file:
