@@ -33,7 +33,9 @@ line on stderr before anything is written, with exit code 2
 dispatches the modes; this module holds the flags, the config resolution,
 the exit codes and the entry point); a diverged training run stops with one line
 and exit code 1 (meshtf/train/errors.py); SIGINT / SIGTERM save where
-training stopped and exit 130 / 143 (meshtf/train/stopping.py). TensorFlow's C++
+training stopped and exit 130 / 143 (meshtf/train/stopping.py); a
+multi-worker run that loses a worker is one line naming it and exit code 3
+(meshtf/train/peers.py; docs/backends.md). TensorFlow's C++
 start-up lines are not shown (meshtf/train/startup.py; --verbosity=0 shows
 them).
 

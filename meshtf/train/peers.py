@@ -69,7 +69,7 @@ def is_peer_failure(error):
   ABORTED, CANCELLED; meshtf's CollectiveTimeoutError).
 
   Example:
-    >>> is_peer_failure(tf.errors.UnavailableError(None, None, "Socket closed"))
+    >>> is_peer_failure(tf.errors.UnavailableError(None, None, "closed"))
     True
   """
   import tensorflow as tf
@@ -205,7 +205,12 @@ def _command(argv=None):
 
 
 def log_path(model_dir, task):
-  """Where a worker's TensorFlow messages go: model_dir/tensorflow-task<i>.log."""
+  """Where a worker's TensorFlow messages go.
+
+  Example:
+    >>> log_path("/tmp/m", 1)
+    '/tmp/m/tensorflow-task1.log'
+  """
   return os.path.join(model_dir, "tensorflow-task%d.log" % task)
 
 

@@ -9,6 +9,12 @@ again with the same --model_dir continues from that step with the numbers
 an uninterrupted run has (the data and the random numbers depend on the
 step only).
 
+In a multi-worker run the first signal to any worker stops every worker
+at the same step boundary (they agree on it: meshtf/train/peers.py), the
+chief saves that step and all exit 130 / 143; there it also waits while
+the first step is traced, since one worker stopping at once would fail
+the others' collectives.
+
 Before the first step has run (restoring, building, tracing and lowering
 the step), in eval, decode, export, plan and sweep, and on a second signal,
 the binary stops at once: there is nothing new to save, and what it writes

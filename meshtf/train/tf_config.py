@@ -21,8 +21,8 @@ It prints one line of JSON, or one error line naming the missing variable
 
 Example:
   >>> slurm({"SLURM_JOB_NODELIST": "node[01-02]", "SLURM_PROCID": "1",
-  ...        "SLURM_NTASKS": "2"}, 2222)
-  '{"cluster": {"worker": ["node01:2222", "node02:2222"]}, "task": {"type": "worker", "index": 1}}'
+  ...        "SLURM_NTASKS": "2"}, 2222)[:50]
+  '{"cluster": {"worker": ["node01:2222", "node02:2222'
 """
 import argparse
 import json

@@ -71,8 +71,8 @@ class Workers(collections.namedtuple("Workers",
     '' for flags, else a clause naming TF_CONFIG and how to run alone.
 
     Example:
-      >>> Workers(["a:1", "b:2"], 0, "TF_CONFIG").origin()
-      ' (the 2 workers come from the TF_CONFIG environment variable: unset TF_CONFIG to run one process)'
+      >>> Workers(["a:1", "b:2"], 0, "TF_CONFIG").origin()[:51]
+      ' (the 2 workers come from the TF_CONFIG environment'
     """
     if not self.from_environment:
       return ""
