@@ -90,6 +90,11 @@ def start_multi_worker(cluster_resolver=None, num_virtual_cpus=None,
           1000 * (register_timeout_seconds or 0)),
       coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
           name=task_type, num_tasks=num_workers)])
+  if register_timeout_seconds:
+    # Without the barrier a missing worker is waited for forever (the
+    # timeout alone did not end the wait, measured on TF 2.21): with it
+    # the join fails with DeadlineExceeded after the timeout.
+    ctx.coordination_service.cluster_register_with_barrier = True
   config = copy.deepcopy(ctx.config)
   # The group leader resolves collective groups that span workers; the
   # device filter keeps each worker from waiting on the others' devices.

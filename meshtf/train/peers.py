@@ -86,24 +86,27 @@ def unhealthy_workers(workers, error=None, timeout_seconds=PEER_CHECK_SECONDS):
   """{task: why} of the other workers that do not answer TensorFlow's peer
   health check (asked in parallel, timeout_seconds each); a task that the
   coordination service named in `error` as out of heartbeats is lost too.
+  Before this worker's TensorFlow server runs (its join failed) the
+  question is whether anything listens on a worker's port.
 
   Example:
     >>> unhealthy_workers(workers)
-    {2: 'its process is gone (connection refused)'}
+    {2: 'its process is gone: connection refused'}
   """
-  from tensorflow.python.eager import context
-  found = {}
-  ctx = context.context()
-  job = "worker"
   from meshtf.lowering import cluster
-  if cluster.local_job_and_task() is not None:
-    job = cluster.local_job_and_task()[0]
+  found = {}
+  joined = cluster.local_job_and_task() is not None
+  job = cluster.local_job_and_task()[0] if joined else "worker"
 
   def ask(task):
     try:
-      ctx.check_collective_ops_peer_health(
-          "/job:%s/replica:0/task:%d" % (job, task),
-          int(1000 * timeout_seconds))
+      if joined:
+        from tensorflow.python.eager import context
+        context.context().check_collective_ops_peer_health(
+            "/job:%s/replica:0/task:%d" % (job, task),
+            int(1000 * timeout_seconds))
+      else:
+        _listens(workers.hosts[task], timeout_seconds)
     except Exception as e:  # pylint: disable=broad-except
       found.setdefault(task, _health_reason(e, timeout_seconds))
   threads = [threading.Thread(target=ask, args=(t,), daemon=True)
@@ -119,7 +122,20 @@ def unhealthy_workers(workers, error=None, timeout_seconds=PEER_CHECK_SECONDS):
   return dict(found)
 
 
+def _listens(address, timeout_seconds):
+  """Raises OSError unless something accepts connections at address."""
+  import socket
+  name, _, port = address.rpartition(":")
+  socket.create_connection((name.strip("[]"), int(port)),
+                           timeout=timeout_seconds).close()
+
+
 def _health_reason(error, timeout_seconds):
+  if isinstance(error, ConnectionRefusedError):
+    return "its process is gone: connection refused"
+  if isinstance(error, OSError) and "timed out" in str(error):
+    return "it does not answer: no reply in %.0f s, stopped or hung" % \
+        timeout_seconds
   text = str(error)
   if "Connection refused" in text or "failed to connect" in text:
     return "its process is gone: connection refused"
@@ -142,7 +158,7 @@ def lost_worker_error(workers, error, doing, model_dir, mesh_size,
   Example:
     >>> lost_worker_error(w, e, "step 16", "/tmp/m", 4, 30.0)
     ClusterError('worker task 2 (127.0.0.1:2224) was lost during step 16
-    (its process is gone (connection refused)): /tmp/m keeps ckpt-15 ...')
+    (its process is gone: connection refused): /tmp/m keeps ckpt-15 ...')
   """
   started = time.monotonic()
   lost = unhealthy_workers(workers, error)

@@ -274,7 +274,8 @@ def _raise_if_worker_lost(error, config, model_dir, workers, mesh_layout,
   if workers is None or workers.num_workers == 1 or \
       not peers.is_peer_failure(error):
     return
-  doing = session.doing if session is not None else "the start"
+  doing = session.doing if session is not None else \
+      "the join of TensorFlow's cluster (after all workers met)"
   raise peers.lost_worker_error(
       workers, error, doing, model_dir, mesh_layout.size,
       config.peer_timeout_seconds) from None
@@ -321,9 +322,13 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
   from meshtf.train import workers as workers_lib
   if workers is not None and devices is None:
     stops.phase = "joining the other workers' TensorFlow cluster"
+    # All workers met just now: TensorFlow's own join (in C++, where no
+    # signal handler runs) takes seconds; a worker that failed between is
+    # named after a minute (or peer_timeout_seconds), not after
+    # worker_start_timeout_seconds.
     devices = workers_lib.start(
         mesh_layout, workers, config.peer_timeout_seconds,
-        register_timeout_seconds=config.worker_start_timeout_seconds)
+        register_timeout_seconds=max(60.0, config.peer_timeout_seconds))
     stops.reinstall()
     if startup.program_name() is not None:
       # TensorFlow's messages of a cluster (a lost worker's gRPC errors)
