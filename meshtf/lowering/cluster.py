@@ -30,7 +30,9 @@ def local_job_and_task():
 
 
 def start_multi_worker(cluster_resolver=None, num_virtual_cpus=None,
-                       device_type="CPU", job_name="worker"):
+                       device_type="CPU", job_name="worker",
+                       heartbeat_timeout_seconds=None,
+                       register_timeout_seconds=None):
   """Joins the cluster and enables cross-process collectives.
 
   Must run before any other TensorFlow work in the process.
@@ -41,6 +43,14 @@ def start_multi_worker(cluster_resolver=None, num_virtual_cpus=None,
       {"type": "worker", "index": i}}).
     num_virtual_cpus: split this host's CPU into that many devices (tests).
     device_type: "CPU" or "GPU": the per-worker devices of the mesh.
+    heartbeat_timeout_seconds: a worker whose heartbeats to the
+      coordination service (on task 0) stop for this long is declared
+      lost, and every other worker's collectives fail with UNAVAILABLE
+      (None: TensorFlow's default, 10 s). A worker that exits closes its
+      connections and fails its peers' collectives at once; this bound is
+      for a stopped process or an unreachable host.
+    register_timeout_seconds: how long joining waits for every worker to
+      join (None: TensorFlow's default, an hour).
   Returns:
     WorkerInfo(task_id, num_workers, devices (the whole mesh, worker-major),
     local_devices).
@@ -75,8 +85,16 @@ def start_multi_worker(cluster_resolver=None, num_virtual_cpus=None,
       device_filters=("/job:%s/task:%d" % (task_type, task_id),))
   ctx.configure_coordination_service(
       service_type="standalone", service_leader=leader,
+      heartbeat_timeout_in_ms=int(1000 * (heartbeat_timeout_seconds or 0)),
+      cluster_register_timeout_in_ms=int(
+          1000 * (register_timeout_seconds or 0)),
       coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
           name=task_type, num_tasks=num_workers)])
+  if register_timeout_seconds:
+    # Without the barrier a missing worker is waited for forever (the
+    # timeout alone did not end the wait, measured on TF 2.21): with it
+    # the join fails with DeadlineExceeded after the timeout.
+    ctx.coordination_service.cluster_register_with_barrier = True
   config = copy.deepcopy(ctx.config)
   # The group leader resolves collective groups that span workers; the
   # device filter keeps each worker from waiting on the others' devices.

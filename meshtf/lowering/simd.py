@@ -418,6 +418,42 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
           raise
     return launch_all()
 
+  def launcher(self, program):
+    """launch, for a program run again and again (every training step):
+    the launch of every local device's call is traced into one
+    tf.function once, not per call. Returns run(per_device_args,
+    allowance=1.0) -> each processor's list of results (None for other
+    workers' processors), under the collective watchdog.
+
+    Example:
+      >>> run = impl.launcher(impl.trace_program(body, specs))
+      >>> results = run([[x] if p in impl.local_pnums() else None
+      ...                for p in range(impl.size)])
+    """
+    tokens = self._ordering_tokens()
+    local = self.local_pnums()
+
+    @tf.function(autograph=False)
+    def launch_all(per_device_args):
+      outs = [None] * self.size
+      for p in local:
+        with tf.device(self._devices[p]):
+          outs[p] = program(tf.constant(p, tf.int32), tokens[p].handle,
+                            *per_device_args[p])
+      return outs
+
+    def run(per_device_args, allowance=1.0):
+      with self.collective_watchdog(allowance) as watch, \
+          self.call_options():
+        try:
+          return launch_all(per_device_args)
+        except (tf.errors.DeadlineExceededError,
+                tf.errors.CancelledError) as e:
+          if watch["fired"]:
+            raise explain_timeout(e, self) from e
+          raise
+    return run
+
   def collective_watchdog(self, allowance=1.0):
     """Context manager: collectives still running collective_timeout_seconds
     (times `allowance`) after entering it are aborted (the run raises

@@ -213,6 +213,13 @@ def default_config():
   #                              many MiB per device (0: one per gradient)
   c.checkpoint_every = 100    # steps between checkpoints (and at the end)
   c.keep_checkpoints = 3      # the newest kept; older ones are removed
+  c.worker_start_timeout_seconds = 300.0  # multi-worker: how long a worker
+  #                              waits for all the others to start, then
+  #                              one line naming those missing
+  c.peer_timeout_seconds = 30.0  # multi-worker: a worker silent this long
+  #                              (stopped, hung host, partition) ends the
+  #                              run on the others with one line naming it
+  #                              (one whose process ends: at once)
   c.eval_steps = 4             # held-out batches for eval
   c.eval_every = 25            # 0: eval only at the end of training
   c.log_every = 10            # steps between progress lines

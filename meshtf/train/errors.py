@@ -12,6 +12,12 @@ Every error the binary expects is printed as ONE line on stderr,
           checkpoint stays intact
   exit 1  training diverged (a loss, gradient norm or variable that is not
           finite): nothing is saved after the last good checkpoint
+  exit 3  a multi-worker run lost a worker (its process ended, stopped
+          answering, or its host is unreachable), or the workers did not
+          all start within the deadline (ClusterError): the line names the
+          worker, the step and the newest checkpoint; restarting every
+          worker with the same command resumes from it
+          (meshtf/train/peers.py, rendezvous.py)
   exit 130 / 143  stopped by SIGINT / SIGTERM (meshtf/train/stopping.py)
 
 Example:
@@ -20,6 +26,7 @@ Example:
 
 EXIT_USAGE = 2
 EXIT_DIVERGED = 1
+EXIT_CLUSTER = 3
 
 
 class ConfigError(ValueError):
@@ -62,6 +69,19 @@ class DiskFullError(UsageError):
   exit code 2."""
 
 
+class ClusterError(RuntimeError):
+  """A multi-worker run cannot go on: a worker was lost or stopped
+  answering, or the workers did not all start in time. One line naming the
+  worker (task and host:port), what was running and what model_dir keeps;
+  exit code 3 (a launcher or scheduler may restart the group: nothing
+  saved is lost).
+
+  Example:
+    >>> raise ClusterError("worker task 2 (10.0.0.3:2222) stopped answering "
+    ...                    "during step 16: ... keeps ckpt-10 ...")
+  """
+
+
 def is_disk_full(error):
   """True for the errors a full disk (or an exhausted quota) raises: an
   OSError ENOSPC / EDQUOT, or TensorFlow's ResourceExhaustedError "No
@@ -79,5 +99,6 @@ def is_disk_full(error):
       "No space left on device" in text or "Disk quota exceeded" in text)
 
 
-__all__ = ["ConfigError", "UsageError", "DataError", "DivergedError", "DiskFullError", "is_disk_full",
-           "EXIT_USAGE", "EXIT_DIVERGED"]
+__all__ = ["ConfigError", "UsageError", "DataError", "DivergedError",
+           "DiskFullError", "ClusterError", "is_disk_full", "EXIT_USAGE",
+           "EXIT_DIVERGED", "EXIT_CLUSTER"]

@@ -34,7 +34,9 @@ line on stderr before anything is written, with exit code 2
 dispatches the modes; this module holds the flags, the config resolution,
 the exit codes and the entry point); a diverged training run stops with one line
 and exit code 1 (meshtf/train/errors.py); SIGINT / SIGTERM save where
-training stopped and exit 130 / 143 (meshtf/train/stopping.py). TensorFlow's C++
+training stopped and exit 130 / 143 (meshtf/train/stopping.py); a
+multi-worker run that loses a worker is one line naming it and exit code 3
+(meshtf/train/peers.py; docs/backends.md). TensorFlow's C++
 start-up lines are not shown (meshtf/train/startup.py; --verbosity=0 shows
 them).
 
@@ -375,6 +377,7 @@ def _expected_errors():
   from meshtf.train import decode as decode_lib
   from meshtf.train import text_data
   return ((errors.DivergedError, errors.EXIT_DIVERGED),
+          (errors.ClusterError, errors.EXIT_CLUSTER),
           ((config_lib.ConfigError, UsageError, text_data.DataError,
             decode_lib.PromptError, LayoutError,
             checkpoint.DamagedCheckpointError), errors.EXIT_USAGE))
@@ -512,10 +515,11 @@ def main(argv):
   if not FLAGS["verbosity"].present:
     absl_logging.set_verbosity(absl_logging.WARNING)
   code = run_with_flags(FLAGS, argv)
-  if code in (stopping.exit_code(s) for s in stopping.SIGNALS):
-    # Stopped by a signal: everything is saved; TensorFlow's threads may
-    # still wait on a collective the stop cut short, which would hold up
-    # the interpreter's exit.
+  if code == errors.EXIT_CLUSTER or code in (stopping.exit_code(s)
+                                             for s in stopping.SIGNALS):
+    # Stopped by a signal (everything is saved) or a lost worker:
+    # TensorFlow's threads may still wait on a collective that was cut
+    # short, which would hold up the interpreter's exit.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # pylint: disable=protected-access

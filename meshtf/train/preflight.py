@@ -190,6 +190,10 @@ RANGES = (
      "steps to train past init_checkpoint's step"),
     ("checkpoint_every", POSITIVE, "set {flag} to 1 or more"),
     ("keep_checkpoints", POSITIVE, "set {flag} to 1 or more"),
+    ("worker_start_timeout_seconds", POSITIVE_NUMBER, "set {flag}=300, "
+     "say (seconds a worker waits for the others to start)"),
+    ("peer_timeout_seconds", POSITIVE_NUMBER, "set {flag}=30, say (seconds "
+     "without a heartbeat before a worker counts as lost)"),
     ("eval_steps", Allowed(integer=True, low=1, high=MAX_EVAL_BATCHES),
      "set {flag}=4, say: each held-out batch is a forward step, and more "
      "than %d would keep an eval running for hours" % MAX_EVAL_BATCHES),

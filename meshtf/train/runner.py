@@ -189,6 +189,9 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   _check_config_matches(config, model_dir, source)
   found = _starting_checkpoint(config, model_dir, mode, graph, mesh_layout)
   problems = workers_lib.problems(config, mesh_layout, workers, mode)
+  if not problems and mode in ("train", "eval"):
+    from meshtf.train import rendezvous
+    problems = rendezvous.check_addresses(workers)
   if problems:
     raise config_lib.ConfigError(problems)
   if devices is None:
@@ -239,6 +242,10 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
   layout_choice = auto_layout.resolve(config, log)
   mesh_layout, found, prompt_set = prepare(config, model_dir, mode, workers,
                                            devices, flag_names, source)
+  if workers is not None and workers.num_workers > 1:
+    # Before model_dir is written: all workers are up and run one config.
+    stops.phase = "waiting for the other workers to start"
+    _meet(config, mode, workers, log)
   chief = workers is None or workers.is_chief
   lock = model_dir_lib.ModelDirLock(model_dir) \
       if mode == "train" and chief else None
@@ -255,15 +262,51 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
       if removed:
         log("model_dir: removed what an interrupted run left: %s" %
             ", ".join(removed))
-    result = _run_mode(config, mode, model_dir, devices, log, progress,
-                       workers, mesh_layout, found, prompt_set,
-                       layout_choice, stops)
+    held = {}
+    try:
+      result = _run_mode(config, mode, model_dir, devices, log, progress,
+                         workers, mesh_layout, found, prompt_set,
+                         layout_choice, stops, held)
+    except Exception as e:  # pylint: disable=broad-except
+      # A launcher or scheduler stopping the survivors meanwhile must not
+      # cut the line short: a signal waits for it.
+      with stops.deferred("naming the lost worker"):
+        _raise_if_worker_lost(e, config, model_dir, workers, mesh_layout,
+                              held.get("session"))
+      raise
     if layout_choice is not None and isinstance(result, dict):
       result["layout_choice"] = layout_choice
     return result
   finally:
     if lock is not None:
       lock.release()
+
+
+def _meet(config, mode, workers, log):
+  """Meets the other workers before TensorFlow starts (rendezvous.py):
+  ClusterError when one does not come in time, ConfigError when their
+  configs differ."""
+  from meshtf.train import rendezvous
+  met = rendezvous.meet(workers, rendezvous.greeting(workers, config, mode),
+                        config.worker_start_timeout_seconds, log)
+  problems = rendezvous.differences(met, workers)
+  if problems:
+    raise config_lib.ConfigError(problems)
+
+
+def _raise_if_worker_lost(error, config, model_dir, workers, mesh_layout,
+                          session):
+  """A collective that failed because a worker was lost, in a
+  multi-worker run: raises the one-line ClusterError instead."""
+  from meshtf.train import peers
+  if workers is None or workers.num_workers == 1 or \
+      not peers.is_peer_failure(error):
+    return
+  doing = session.doing if session is not None else \
+      "the join of TensorFlow's cluster (after all workers met)"
+  raise peers.lost_worker_error(
+      workers, error, doing, model_dir, mesh_layout.size,
+      config.peer_timeout_seconds) from None
 
 
 def _report_damaged(found, may_move, warn):
@@ -283,7 +326,7 @@ def _report_damaged(found, may_move, warn):
 
 def _run_mode(config, mode, model_dir, devices, log, progress, workers,
               mesh_layout, found, prompt_set, layout_choice=None,
-              stops=None):
+              stops=None, held=None):
   from meshtf.train import startup
   stops = stops or stopping.NoStops()
   stops.phase = {"train": "starting TensorFlow and building the model",
@@ -306,16 +349,34 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
   from meshtf.train import experiment
   from meshtf.train import workers as workers_lib
   if workers is not None and devices is None:
-    devices = workers_lib.start(mesh_layout, workers)
+    stops.phase = "joining the other workers' TensorFlow cluster"
+    # All workers met just now: TensorFlow's own join (in C++, where no
+    # signal handler runs) takes seconds; a worker that failed between is
+    # named after a minute (or peer_timeout_seconds), not after
+    # worker_start_timeout_seconds.
+    devices = workers_lib.start(
+        mesh_layout, workers, config.peer_timeout_seconds,
+        register_timeout_seconds=max(60.0, config.peer_timeout_seconds))
+    stops.reinstall()
+    if startup.program_name() is not None:
+      # TensorFlow's messages of a cluster (a lost worker's gRPC errors)
+      # go to a file; this process's own lines stay on the terminal.
+      from meshtf.train import peers
+      startup.tensorflow_output_to(peers.log_path(model_dir, workers.index))
     startup.devices_ready()
   session = session_lib.Session(config, model_dir, mode, devices, log, workers,
                     mesh_layout, checkpoint=found)
+  if held is not None:
+    held["session"] = session
   if mode == "train":
     return training_loop.train(session, progress, stops)
   step = session.restore()
   data = experiment.make_data(config, model_dir)
   if mode == "eval":
     result = session.evaluate(data)
+    if workers is not None and workers.num_workers > 1:
+      from meshtf.train import peers   # no worker leaves a gather early
+      peers.wait_for_all("meshtf/evaluated", config.peer_timeout_seconds)
     log("eval at step %d: loss %.4f  accuracy %.4f  perplexity %.3f  "
         "(%d held-out tokens)" % (step, result["loss"], result["accuracy"],
                                   result["perplexity"], result["tokens"]))

@@ -64,6 +64,8 @@ class Session(object):
     self.restored_names = None   # the variables of the restored checkpoint
     self.from_init_checkpoint = False   # restore() took config.init_checkpoint
     self.restored_meta = None    # its meta.json (the input position)
+    # What the run is doing ("step 16"): a lost worker's line names it.
+    self.doing = "starting"
     self.sink = experiment.MoeMetrics()
     self.model = experiment.build_model(config, self.sink, self.mesh_layout)
     self._eval_fn = None

@@ -86,6 +86,37 @@ def start_quiet():
   atexit.register(devices_ready)
 
 
+def tensorflow_output_to(path):
+  """Ends the quiet window with file descriptor 2 (TensorFlow's C++
+  messages) appending to `path` for the rest of the run, instead of the
+  terminal; what the window captured, less the known start-up lines, goes
+  there first. Python's sys.stderr keeps writing to the terminal. A
+  multi-worker run calls it once its cluster is up: a lost worker's gRPC
+  errors are ~130 lines per survivor. A no-op outside the quiet window
+  (a library import, --verbosity).
+
+  Example:
+    >>> tensorflow_output_to("/tmp/m/tensorflow-task1.log")
+  """
+  if not _state:
+    return
+  sys.stderr.flush()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+  capture = _state["capture"]
+  capture.seek(0)
+  text = capture.read().decode("utf-8", "backslashreplace")
+  capture.close()
+  kept = [l for l in text.splitlines() if l.strip() and not _NOISE.match(l)]
+  if kept:
+    os.write(fd, ("\n".join(kept) + "\n").encode("utf-8"))
+  os.dup2(fd, 2)
+  os.close(fd)
+  os.close(_state["fd"])
+  # sys.stderr stays the stand-in on the terminal (its own descriptor).
+  _state.clear()
+
+
 def devices_ready():
   """Ends the quiet window (idempotent): file descriptor 2 is the real
   stderr again, and whatever was captured that is not a known start-up
@@ -110,4 +141,5 @@ def devices_ready():
 
 
 __all__ = ["quiet_if_command_line", "start_quiet", "devices_ready",
+           "tensorflow_output_to",
            "program_name", "wants_tensorflow_output"]

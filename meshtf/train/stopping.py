@@ -9,6 +9,12 @@ again with the same --model_dir continues from that step with the numbers
 an uninterrupted run has (the data and the random numbers depend on the
 step only).
 
+In a multi-worker run the first signal to any worker stops every worker
+at the same step boundary (they agree on it: meshtf/train/peers.py), the
+chief saves that step and all exit 130 / 143; there it also waits while
+the first step is traced, since one worker stopping at once would fail
+the others' collectives.
+
 Before the first step has run (restoring, building, tracing and lowering
 the step), in eval, decode, export, plan and sweep, and on a second signal,
 the binary stops at once: there is nothing new to save, and what it writes
@@ -101,6 +107,13 @@ class StopRequests(object):
     self._previous.clear()
     return False
 
+  def reinstall(self):
+    """Installs the handlers again (if entered): joining a TensorFlow
+    cluster replaces the SIGTERM handler with TensorFlow's preemption
+    notifier, which would leave a SIGTERM unanswered."""
+    for s in self._previous:
+      signal.signal(s, self._handle)
+
   def _handle(self, signum, unused_frame):
     if self._deferring and self.signum is None:
       self.signum = signum
@@ -124,15 +137,23 @@ class StopRequests(object):
 
 
 class NoStops(object):
-  """The stand-in when no StopRequests is active (the library API)."""
+  """The stand-in when no StopRequests is active (the library API); a
+  multi-worker run may still be told to stop by another worker (.signum
+  set)."""
   signum = None
-  requested = False
   phase = ""
+
+  @property
+  def requested(self):
+    return self.signum is not None
 
   @contextlib.contextmanager
   def deferred(self, phase):
     del phase
     yield self
+
+  def reinstall(self):
+    pass
 
 
 __all__ = ["StopRequests", "NoStops", "Stopped", "Interrupted", "exit_code",

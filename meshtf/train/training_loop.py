@@ -119,6 +119,9 @@ def _train(session, progress=None, stops=None):
       clip_gradient_norm=config.clip_gradient_norm or None,
       bucket_bytes=int(config.get("collective_bucket_mb", 1.0) * (1 << 20)))
   lr_fn = experiment.learning_rate_schedule(config)
+  # Several workers stop together: each step boundary agrees on the stop
+  # requests of all of them (meshtf/train/peers.py).
+  agree = _stop_agreement(session)
   if chief:
     writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
     eval_writer = tf.summary.create_file_writer(os.path.join(model_dir,
@@ -154,6 +157,8 @@ def _train(session, progress=None, stops=None):
     print_header(session, start_step, data)
     log("tracing and lowering the training step ...")
   saved_step = start_step if session.restored_names is not None else None
+  stopped_by = None   # the task told to stop, when another worker was
+  agreed = False      # several workers: all agreed to stop
   bar = None
   t_start = time.time()
   t_window, window_steps = time.time(), 0
@@ -163,10 +168,32 @@ def _train(session, progress=None, stops=None):
     if bar is not None:
       bar.close()
   deferral.callback(close_bar)
+  if agree is not None:
+    # One worker stopping at once would fail the others' collectives: the
+    # first signal waits for the first step's boundary, where all agree.
+    deferral.enter_context(stops.deferred(
+        "tracing and lowering the training step"))
+
+  def stop_requested():
+    nonlocal stopped_by, agreed
+    if agree is None:
+      return stops.requested
+    session.doing = "the stop agreement after step %d" % step
+    # Only what all agreed on counts: a signal that arrives after this
+    # worker's request went out is agreed at the next boundary.
+    own = stops.signum
+    signum, task = agree(own)
+    if signum is None:
+      return False
+    if own is None:
+      stops.signum, stopped_by = signum, task   # another worker's signal
+    agreed = True
+    return True
   with deferral, (open(metrics_path, "a") if chief else
                   open(os.devnull, "w")) as metrics_file:
-    while step < end and not stops.requested:
+    while step < end and not stop_requested():
       t0 = time.time()
+      session.doing = "step %d" % (step + 1)   # counted as the log does
       batch = first_batch if step == start_step else data.train_batch(
           step, rows=session.rows)
       outputs = step_fn(batch)
@@ -177,7 +204,10 @@ def _train(session, progress=None, stops=None):
       check_finite(record, step, config, saved_step)
       dt = time.time() - t0
       if step == start_step:
-        deferral.enter_context(stops.deferred("training"))
+        if agree is None:
+          deferral.enter_context(stops.deferred("training"))
+        else:
+          stops.phase = "training"
         print_first_step(session, step_fn, dt)
         bar = _progress_bar(config, start_step, progress)
         t_window, window_steps = time.time(), 0
@@ -201,9 +231,11 @@ def _train(session, progress=None, stops=None):
         if bar is None:
           log("step %d  %s" % (step, _postfix(record)))
       if step % config.checkpoint_every == 0 and step < end:
+        session.doing = "the save of ckpt-%d" % step
         _save(session, step, config, saved_step, data)
         saved_step = step
       if config.eval_every and step % config.eval_every == 0 and step < end:
+        session.doing = "the eval at step %d" % step
         result = session.evaluate(data)
         evals.append(dict(result, step=step))
         _write_eval(eval_writer, result, step)
@@ -220,13 +252,24 @@ def _train(session, progress=None, stops=None):
     wall = time.time() - t_start
     if step > start_step and saved_step != step:
       stops.phase = "saving ckpt-%d" % step
+      session.doing = "the save of ckpt-%d" % step
       _save(session, step, config, saved_step, data)
-  if stops.requested:
+      saved_step = step
+    if agree is not None and not agreed and step > start_step:
+      stop_requested()   # a signal during the last step or the final save
+  if (agreed if agree is not None else stops.requested):
     writer.flush()
     eval_writer.flush()
+    _all_done(session, "meshtf/stopped")
+    # In a multi-worker run the chief may still be writing it: its name.
+    path = (os.path.join(model_dir, "ckpt-%d" % saved_step)
+            if saved_step is not None else session.manager.latest())
     raise stopping.Stopped(stops.signum, stopped_message(
-        stops.signum, step, session.manager.latest(), model_dir))
+        stops.signum, step, path, model_dir,
+        None if stopped_by is None or stopped_by == session.workers.index
+        else session.workers.describe(stopped_by)))
   if not (evals and evals[-1]["step"] == step):
+    session.doing = "the final eval at step %d" % step
     result = session.evaluate(data)
     evals.append(dict(result, step=step))
     _write_eval(eval_writer, result, step)
@@ -243,23 +286,50 @@ def _train(session, progress=None, stops=None):
   writer.flush()
   eval_writer.flush()
   data.close()
+  _all_done(session, "meshtf/trained")
   return {"history": history, "eval": final, "evals": evals,
           "reached": reached, "start_step": start_step, "step": step,
           "wall_s": wall, "collective_stats":
           step_fn.mesh_function.collective_stats() if history else None}
 
 
-def stopped_message(signum, step, path, model_dir):
-  """The one line of a training run stopped by a signal after saving.
+def stopped_message(signum, step, path, model_dir, other=None):
+  """The one line of a training run stopped by a signal after saving;
+  other: the worker that got the signal, when it was not this one.
 
   Example:
     >>> stopped_message(signal.SIGTERM, 37, "/tmp/m/ckpt-37", "/tmp/m")
     'stopped by SIGTERM after step 37: saved /tmp/m/ckpt-37; train again
     with --model_dir=/tmp/m to continue from step 37'
   """
+  by = stopping.signal_name(signum)
+  if other is not None:
+    by = "%s to worker %s (all workers stop together)" % (by, other)
+  if path is None:
+    return ("stopped by %s before the first step: nothing to save; train "
+            "again with --model_dir=%s to start" % (by, model_dir))
   return ("stopped by %s after step %d: saved %s; train again with "
           "--model_dir=%s to continue from step %d" % (
-              stopping.signal_name(signum), step, path, model_dir, step))
+              by, step, path, model_dir, step))
+
+
+def _stop_agreement(session):
+  """A peers.StopAgreement for a multi-worker session, else None."""
+  workers = session.workers
+  if workers is None or workers.num_workers == 1:
+    return None
+  from meshtf.train import peers
+  return peers.StopAgreement(session.impl, workers)
+
+
+def _all_done(session, name):
+  """In a multi-worker run, waits (bounded) until every worker got here:
+  one that exits at once could fail the others' last collective."""
+  workers = session.workers
+  if workers is not None and workers.num_workers > 1:
+    from meshtf.train import peers
+    session.doing = "the final barrier"
+    peers.wait_for_all(name, session.config.peer_timeout_seconds)
 
 
 # --- the divergence guard -----------------------------------------------------
@@ -397,10 +467,11 @@ def print_header(session, start_step, data=None):
     lines.append(REMAT_LINES[config.remat])
   if session.rows is not None:
     w = session.workers
-    lines.append("workers: %d (this is task %d%s); it reads batch rows %s of "
-                 "%d" % (w.num_workers, w.index,
-                         ", the chief" if w.is_chief else "",
-                         _ranges(session.rows), config.batch_size))
+    lines.append("workers: %d%s (this is task %d%s); it reads batch rows %s "
+                 "of %d" % (w.num_workers, " from TF_CONFIG in the "
+                            "environment" if w.from_environment else "",
+                            w.index, ", the chief" if w.is_chief else "",
+                            _ranges(session.rows), config.batch_size))
   from meshtf.train import init_checkpoint
   plan = session.checkpoint
   if isinstance(plan, init_checkpoint.RestorePlan):

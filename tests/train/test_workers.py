@@ -54,3 +54,31 @@ def test_problems_before_any_tensorflow_work():
   assert "--mode=decode runs in one process" in got[0]
   assert "backend='placement' cannot span 3 worker processes" in got[1]
   assert "has 8 processors, which 3 workers cannot share equally" in got[2]
+
+
+def test_a_tf_config_from_the_environment_is_named_in_its_errors(
+    monkeypatch):
+  """A TF_CONFIG left over from another job makes a one-process run a
+  worker of its cluster: the error it causes says where it came from."""
+  import io
+  from meshtf.train import main
+  monkeypatch.setenv("TF_CONFIG", json.dumps({
+      "cluster": {"worker": ["a:1", "b:2", "c:3"]},
+      "task": {"type": "worker", "index": 0}}))
+  err = io.StringIO()
+  code = main.run_command(["meshtf.train", "--mesh_shape=data:4;model:2"],
+                          out=io.StringIO(), err=err)
+  assert code == 2
+  lines = err.getvalue().splitlines()
+  assert len(lines) == 1, lines
+  assert "which 3 workers cannot share equally" in lines[0]
+  assert lines[0].endswith("(the 3 workers come from the TF_CONFIG "
+                           "environment variable: unset TF_CONFIG to run one "
+                           "process)"), lines[0]
+
+
+def test_an_address_listed_twice_is_one_line():
+  with pytest.raises(config_lib.ConfigError) as e:
+    workers.from_flags("a:1,b:2,a:1", 0, environ={})
+  assert str(e.value) == ("--worker_hosts lists a:1 twice (tasks 0 and 2): "
+                          "every worker needs its own host:port")
