@@ -377,7 +377,8 @@ def _expected_errors():
   return ((errors.DivergedError, errors.EXIT_DIVERGED),
           ((config_lib.ConfigError, UsageError, text_data.DataError,
             decode_lib.PromptError, LayoutError,
-            checkpoint.DamagedCheckpointError), errors.EXIT_USAGE))
+            checkpoint.DamagedCheckpointError,
+            checkpoint.MisnamedCheckpointError), errors.EXIT_USAGE))
 
 # OS errors that mean "this path cannot be used", not a bug.
 _PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,

@@ -141,6 +141,19 @@ def _state_foreign_checkpoint(d):
        "variables": {"w": {"shape": [2, 3], "dtype": "float32"}}}))
 
 
+def _state_copied_checkpoint(d):
+  """Trained to 30 (ckpt-10, 20, 30), then ckpt-10 copied in as ckpt-90:
+  its name and its meta.json disagree (meta-only checkpoints: the name
+  check needs no bundle)."""
+  d.mkdir()
+  (d / "config.json").write_text(_tiny_config_json())
+  for name, step in (("ckpt-10", 10), ("ckpt-20", 20), ("ckpt-30", 30),
+                     ("ckpt-90", 10)):
+    (d / name).mkdir()
+    (d / name / "meta.json").write_text(json.dumps(
+        {"format": 1, "step": step, "extra": {}, "variables": {}}))
+
+
 def _state_file(d):
   d.write_text("not a directory\n")
 
@@ -162,7 +175,8 @@ STATES = {"none": lambda d: None, "trained": _state_trained,
           "unknown_key_config": _state_unknown_key_config,
           "damaged": _state_damaged, "file": _state_file,
           "foreign_checkpoint": _state_foreign_checkpoint,
-          "readonly": _state_readonly, "symlink_loop": _state_symlink_loop}
+          "readonly": _state_readonly, "symlink_loop": _state_symlink_loop,
+          "copied_checkpoint": _state_copied_checkpoint}
 
 # (case id, flags ({files} and {model_dir} are filled in), model_dir state,
 #  the text the one line must contain). "--config=" + lm_tiny is added
@@ -405,6 +419,14 @@ CASES = [
     ("train_on_a_checkpoint_of_another_model", [], "foreign_checkpoint",
      "it was trained with another config: pass that --config, or use a new "
      "--model_dir"),
+    # issue 41
+    ("checkpoint_copied_under_a_newer_name", ["NO_CONFIG"],
+     "copied_checkpoint", "checkpoint folder {model_dir}/ckpt-90 holds step "
+     "10 (its meta.json says so), not step 90: it was renamed or copied: "
+     "resuming from it would train again from step 10 and overwrite ckpt-20,"
+     " ckpt-30; ckpt-10 exists too: move ckpt-90 out of {model_dir}"),
+    ("eval_checkpoint_copied_under_a_newer_name", ["NO_CONFIG", "--mode=eval"],
+     "copied_checkpoint", "{model_dir}/ckpt-90 holds step 10"),
 ]
 
 
