@@ -332,9 +332,11 @@ def _group_override_problem(argv):
       continue
     keys = sorted(schema[key].keys())
     meant = _key_meant(key, value)
-    return ("--config.%s=%s: %s is a group of keys (%s): set one of them: "
-            "--config.%s.%s=%s" % (key, value, key, ", ".join(keys), key,
-                                   meant or "<key>", value))
+    return ("--config.%s=%s: %s is a group of keys (%s%s): set one of "
+            "them: --config.%s.%s=%s" % (
+                key, value, key, ", ".join(keys[:8]),
+                ", ..." if len(keys) > 8 else "", key, meant or "<key>",
+                value))
   return None
 
 

@@ -331,6 +331,8 @@ OPTIONAL_DIMS = (
       "group", "group_size", "group_unsplit")),
     ("dense feed-forward layers (moe.layers other than 'all')", ("d_ff",)),
     ("learned positions (positional_embedding=learned)", ("max_length",)),
+    ("T5's relative position bias (relative_attention other than none)",
+     ("buckets",)),
     ("pipelining (pipeline_stages > 1)", ("stage", "microbatches")),
     ("circular pipelining (circular_repeats > 1)", ("stage_repeat",)),
     ("beam-search decoding (decode_strategy=beam)",

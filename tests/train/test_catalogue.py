@@ -534,10 +534,9 @@ CASES = [
      "'data:4;model:2' (8 processors) with layout 'batch:data;heads:model;"
      "d_ff:model;vocab:model' needs them: set --config.jit_compile=segments"),
     ("config_group_given_a_value", ["--config.task=copy"], "none",
-     "--config.task=copy: task is a group of keys (data_files, "
-     "eval_data_files, problem, seq2seq, text_keys, tfds_data_dir, "
-     "tfds_eval_split, tfds_name, tfds_split): set one of them: "
-     "--config.task.problem=copy"),
+     re.compile(r"--config.task=copy: task is a group of keys \(data_files, "
+                r"[a-z_, ]+, \.\.\.\): set one of them: "
+                r"--config.task.problem=copy$")),
 ]
 
 
