@@ -15,8 +15,21 @@ Example:
 from meshtf import graph as graph_lib
 
 
+def _check_differentiable(tensors, what, fix):
+  """Raises ValueError naming the first tensor whose dtype is not floating
+  (its gradient would be None, silently: TF's is too)."""
+  for t in tensors:
+    dtype = getattr(t, "dtype", None)
+    if dtype is not None and not (dtype.is_floating or dtype.is_complex):
+      raise ValueError(
+          "mtf.gradients: %s %r is %s, which has no gradient: %s" % (
+              what, t.name, dtype.name, fix))
+
+
 def gradients(ys, xs, grad_ys=None, operations=None):
   """d(sum of ys)/d(xs), as meshtf Tensors (None where xs don't affect ys).
+  A y or x whose dtype is not floating is a ValueError naming it (its
+  gradient would be None).
 
   Args:
     ys: Tensors to differentiate (scalar or not; grad_ys default to ones).
@@ -29,6 +42,12 @@ def gradients(ys, xs, grad_ys=None, operations=None):
   xs = [x.outputs[0] if isinstance(x, graph_lib.Operation) else x for x in xs]
   if not ys:
     raise ValueError("gradients needs at least one y")
+  _check_differentiable(ys, "y", "compute it in floating point (a cast to "
+                        "an integer type on the way to it stops the gradient "
+                        "too)")
+  _check_differentiable(xs, "x", "differentiate with respect to "
+                        "floating-point tensors (a variable made with "
+                        "dtype=tf.float32)")
   graph = ys[0].graph
   # Where the backward pass starts in the graph's order (the plan report's
   # "activations kept for the backward pass" are read after it).

@@ -15,14 +15,20 @@ import operator
 import re
 
 
+# What shape strings ("rows:2;cols:4") and layout strings ("batch:rows")
+# split at: not allowed in a dimension name.
+_NAME_SEPARATOR = re.compile(r"[:;,.\s]")
+
+
 class Dimension(collections.namedtuple("Dimension", ["name", "size"])):
   """A named tensor dimension: (name, size), checked when it is made.
 
-  The name is a non-empty string; the size an integer >= 0. Size 0 is legal,
-  as in TensorFlow (an empty tensor: reductions over it give their identity,
-  a split of it gives every processor an empty slice); a negative size, a
-  bool, a float or None is refused here with the dimension named, not deep
-  inside a lowering.
+  The name is a non-empty string without the separators of shape and
+  layout strings (':', ';', ',', '.', spaces); the size an integer >= 0.
+  Size 0 is legal, as in TensorFlow (an empty tensor: reductions over it
+  give their identity, a split of it gives every processor an empty slice);
+  a negative size, a bool, a float or None is refused here with the
+  dimension named, not deep inside a lowering.
 
   Example:
     >>> Dimension("batch", 8)
@@ -38,6 +44,16 @@ class Dimension(collections.namedtuple("Dimension", ["name", "size"])):
       raise ValueError(
           "Dimension name %r (size %r) must be a non-empty string, e.g. "
           "mtf.Dimension('batch', 8)" % (name, size))
+    bad = _NAME_SEPARATOR.search(name)
+    if bad:
+      # Accepted, such a name could not be written in a shape or layout
+      # string ("bat:ch:rows" does not parse).
+      raise ValueError(
+          "Dimension name %r contains %r, which shape and layout strings "
+          "use as a separator ('batch:8;hidden:16', 'batch:rows'): a rule or"
+          " shape naming it could not be parsed; use letters, digits, '_' "
+          "or '-', e.g. mtf.Dimension(%r, %r)" % (
+              name, bad.group(0), _NAME_SEPARATOR.sub("_", name), size))
     if isinstance(size, bool):
       raise ValueError("Dimension %r has size %r: a size is an integer >= 0,"
                        " not a bool" % (name, size))
@@ -240,6 +256,16 @@ def convert_to_shape(x):
         continue
       parts = item.split(":")
       if len(parts) != 2 or not parts[0] or not re.fullmatch(r"\d+", parts[1]):
+        # '.' separates pairs too, so "rows:2.5" reads as "rows:2" and
+        # "5": name the whole pair instead of the "5".
+        decimal = re.search(r"([^\s;,.:]+):\s*(\d*\.\d+)", text)
+        if decimal:
+          name, size = decimal.groups()
+          raise ValueError(
+              "Cannot parse %r in shape string %r: dimension %r has size %s,"
+              " but a size is a whole number, e.g. '%s:%d'" % (
+                  decimal.group(0), x, name, size, name,
+                  max(1, int(float(size)))))
         raise ValueError(
             "Cannot parse %r in shape string %r: write name:size pairs such "
             "as 'rows:2;cols:4'" % (item, x))

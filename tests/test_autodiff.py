@@ -1,5 +1,6 @@
 """mtf.gradients builds backward meshtf ops."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import harness
@@ -86,3 +87,19 @@ def test_square_of_a_reduction_doubles_the_small_gradient_not_x():
   dy = np.arange(4, dtype=np.float32)[:, None]
   np.testing.assert_array_equal(lowering.export_to_tf_tensor(g).numpy(),
                                 (dy * 2.0) * x_np)
+
+
+def test_an_integer_y_or_x_is_named_with_its_dtype():
+  """Issue 41: gradients of an int32 loss, or with respect to an int32
+  variable, were [None] without a word."""
+  graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+  w = mtf.get_variable(mesh, "w", "io:3")
+  n = mtf.get_variable(mesh, "n", "io:3", dtype=tf.int32)
+  with pytest.raises(ValueError, match=(
+      r"^mtf.gradients: y 'reduce_sum:0' is int32, which has no gradient: "
+      r"compute it in floating point")):
+    mtf.gradients([mtf.reduce_sum(mtf.cast(w, tf.int32))], [w])
+  with pytest.raises(ValueError, match=(
+      r"^mtf.gradients: x 'n:0' is int32, which has no gradient: "
+      r"differentiate with respect to floating-point tensors")):
+    mtf.gradients([mtf.reduce_sum(w * mtf.cast(n, tf.float32))], [w, n])

@@ -25,6 +25,15 @@ def test_bad_shape_string_names_the_item(bad):
     mtf.convert_to_shape(bad)
 
 
+def test_a_decimal_size_names_the_pair():
+  """'.' separates pairs too: "rows:2.5" used to be blamed on a '5'."""
+  with pytest.raises(ValueError) as e:
+    mtf.convert_to_shape("rows:2.5;cols:4")
+  assert str(e.value) == (
+      "Cannot parse 'rows:2.5' in shape string 'rows:2.5;cols:4': dimension "
+      "'rows' has size 2.5, but a size is a whole number, e.g. 'rows:2'")
+
+
 def test_repeated_name_rejected():
   with pytest.raises(ValueError, match="repeats dimension name"):
     mtf.convert_to_shape("x:4;x:4")
@@ -55,6 +64,13 @@ def test_negative_size_rejected():
      "not a bool"),
     ("", 3, "Dimension name '' (size 3) must be a non-empty string"),
     (7, 3, "Dimension name 7 (size 3) must be a non-empty string"),
+    # issue 41: accepted, then no layout or shape string could name them
+    ("bat:ch", 4, "Dimension name 'bat:ch' contains ':', which shape and "
+     "layout strings use as a separator ('batch:8;hidden:16', 'batch:rows')"
+     ": a rule or shape naming it could not be parsed; use letters, digits, "
+     "'_' or '-', e.g. mtf.Dimension('bat_ch', 4)"),
+    ("a;b", 4, "Dimension name 'a;b' contains ';'"),
+    ("a b", 4, "Dimension name 'a b' contains ' '"),
 ])
 def test_bad_dimensions_are_refused_when_made(name, size, expected):
   """mtf.Dimension("d", -4) used to be accepted and fail deep in TF."""

@@ -1,6 +1,7 @@
 """Mesh shapes, layout rules and tensor layouts. Pure Python: no TensorFlow."""
 from meshtf.layouts.errors import InactiveLayoutRuleWarning
 from meshtf.layouts.errors import LayoutError
+from meshtf.layouts.errors import UnusedLayoutRuleWarning
 from meshtf.layouts.layout_rules import LayoutRules
 from meshtf.layouts.layout_rules import convert_to_layout_rules
 from meshtf.layouts.layout_rules import rules_on_mesh

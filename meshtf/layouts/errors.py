@@ -10,6 +10,12 @@ class InactiveLayoutRuleWarning(UserWarning):
   those rules do nothing on that mesh (layout_rules.rules_on_mesh)."""
 
 
+class UnusedLayoutRuleWarning(UserWarning):
+  """Layout rules name a dim that no tensor of the graph being lowered has
+  (and that is no misspelling of one): they split nothing there
+  (MeshLayout.check_rule_dims)."""
+
+
 def describe_mesh(mesh_shape):
   return "'" + ";".join("%s:%d" % (d.name, d.size) for d in mesh_shape.dims) + "'"
 

@@ -252,7 +252,14 @@ def convert_to_layout_rules(x):
             "'batch:rows+cols')" % (item, x))
       pairs.append((parts[0], parts[1]))
     return LayoutRules(pairs)
-  return LayoutRules(list(x))
+  try:
+    pairs = list(x)
+  except TypeError:   # 42: a layout is no number
+    raise errors.LayoutError(
+        "Layout %r (a %s) is not layout rules: give a string such as "
+        "'batch:rows;hidden:cols', a dict {'batch': 'rows'} or a list of "
+        "(dim, mesh axes) pairs" % (x, type(x).__name__)) from None
+  return LayoutRules(pairs)
 
 
 def rules_on_mesh(layout_rules, mesh_shape, warn=True):
@@ -287,6 +294,72 @@ def rules_on_mesh(layout_rules, mesh_shape, warn=True):
            errors.describe_mesh(mesh_shape)),
         errors.InactiveLayoutRuleWarning, stacklevel=3)
   return active
+
+
+# closest_name's similarity (difflib's ratio) above which a rule's dim is
+# taken for a misspelling of a graph's dim: "batchh" / "batch" 0.91,
+# "dmodel" / "d_model" 0.92; "length" / "memory_length" 0.63 and "experts" /
+# "expert_hidden" 0.6 are other dims.
+TYPO_CUTOFF = 0.8
+
+
+def closest_name(name, names, cutoff=0.6):
+  """The name of `names` a misspelt `name` most likely means (the same but
+  for case first, then the nearest by difflib above cutoff), or None.
+
+  Example:
+    >>> closest_name("Batch", ["batch", "heads"]), closest_name("hiden",
+    ...     ["hidden", "io"]), closest_name("zz", ["batch"])
+    ('batch', 'hidden', None)
+  """
+  import difflib
+  names = sorted(set(names))
+  same_case = [n for n in names if n.lower() == name.lower()]
+  if same_case:
+    return same_case[0]
+  near = difflib.get_close_matches(name, names, n=1, cutoff=cutoff)
+  return near[0] if near else None
+
+
+def unknown_dim_message(rule_text, dim_name, dim_names, what="graph",
+                        fix=None, cutoff=0.6):
+  """The one line of a rule naming a dim that no tensor of a graph has:
+  the rule, the closest dim name, the dims there are, the fix (default:
+  the rule with the closest name; `fix(near)` words it otherwise).
+
+  Example:
+    >>> unknown_dim_message("Batch:data", "Batch", ["batch", "heads"])
+    "layout rule 'Batch:data' names dim 'Batch', which no tensor of the
+    graph has, so it would split nothing: did you mean 'batch'? (the
+    graph's dims: batch, heads): write 'batch:data'"
+  """
+  near = closest_name(dim_name, dim_names, cutoff)
+  listed = sorted(set(dim_names))
+  shown = ", ".join(listed[:24]) + (", ..." if len(listed) > 24 else "")
+  if fix is not None:
+    advice = fix(near)
+  elif near:
+    advice = "write '%s'" % (near + rule_text[len(dim_name):])
+  else:
+    advice = "fix the dim name, or drop the rule"
+  return ("layout rule '%s' names dim %r, which no tensor of the %s has, so "
+          "it would split nothing%s (the %s's dims: %s): %s" % (
+              rule_text, dim_name, what,
+              ": did you mean %r?" % near if near else "", what,
+              shown or "none", advice))
+
+
+def unknown_rule_dims(layout_rules, dim_names):
+  """The (dim name, axes text) rules of layout_rules whose dim is not in
+  dim_names, in rule order (what check_rule_dims refuses).
+
+  Example:
+    >>> unknown_rule_dims(convert_to_layout_rules("Batch:x;heads:y"),
+    ...                   {"batch", "heads"})
+    [('Batch', 'x')]
+  """
+  names = set(dim_names)
+  return [(d, text) for d, text in layout_rules.pairs if d not in names]
 
 
 def validate_layout_rules(layout_rules, mesh_shape):

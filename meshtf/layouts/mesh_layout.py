@@ -34,6 +34,7 @@ Example:
   [0, 1, 2, 3]
 """
 import collections
+import warnings
 
 import numpy as np
 
@@ -119,6 +120,15 @@ class MeshLayout(object):
   names an axis the mesh lacks or the mesh has a size below 1; rules made
   with absent_axes="inactive" (Mesh TensorFlow's, e.g. from
   mtf.convert_to_layout_rules) drop such a rule instead, with one warning.
+
+  A rule must also name a dim some tensor has: the Lowering refuses one
+  whose dim is a misspelling of a dim of its graph ("Batch:rows": did you
+  mean 'batch'?) -- it would silently do nothing -- and warns once about
+  one naming a dim the graph lacks altogether (a layout written for several
+  models), unless a graph lowered with this MeshLayout before had that dim,
+  or `expect_dims` named it (dims another graph of the same model has: a
+  decode graph's beam). Mesh TF's inactive-mode rules are not checked (its
+  default rules name dims many models lack).
   """
 
   def __init__(self, mesh_shape, layout_rules=None, variable_rules=None):
@@ -131,13 +141,23 @@ class MeshLayout(object):
             % (errors.describe_mesh(self._mesh), d.name, d.size))
     # The rules this mesh uses: inactive-mode (Mesh TF) rules naming an
     # axis the mesh lacks are dropped here, with one warning.
-    self._rules = rules_lib.rules_on_mesh(
-        rules_lib.convert_to_layout_rules(layout_rules), self._mesh)
+    given = rules_lib.convert_to_layout_rules(layout_rules)
+    self._rules = rules_lib.rules_on_mesh(given, self._mesh)
+    # Which rule sets must name dims of the graph (check_rule_dims): not
+    # Mesh TF's inactive-mode ones (rules_on_mesh may drop the mode).
+    self._checked_rules = [(self._rules, "layout rule")] \
+        if given.absent_axes == "error" else []
     self._variable_rules = None
     if variable_rules is not None:
-      self._variable_rules = rules_lib.rules_on_mesh(
-          rules_lib.convert_to_layout_rules(variable_rules), self._mesh)
+      given = rules_lib.convert_to_layout_rules(variable_rules)
+      self._variable_rules = rules_lib.rules_on_mesh(given, self._mesh)
+      if given.absent_axes == "error":
+        self._checked_rules.append((self._variable_rules,
+                                    "variable layout rule"))
     self._axis_of_name = {d.name: i for i, d in enumerate(self._mesh.dims)}
+    # Dims a rule may name though the graph being lowered lacks them.
+    self._expected_dims = set()
+    self._warned = set()
     self._layouts = {}
     self._splits = {}
     self._slice_sizes = {}
@@ -380,6 +400,63 @@ class MeshLayout(object):
   def processor_groups(self, mesh_axes):
     """processor_group_array as nested lists."""
     return self.processor_group_array(mesh_axes).tolist()
+
+  # --- rules that name no dim -----------------------------------------------
+  def expect_dims(self, dim_names):
+    """Declares dims that rules may name though a graph lowered with this
+    MeshLayout lacks them (check_rule_dims accepts them): the dims of other
+    graphs of the same model (training / eval / decode), or of parts a
+    config switches off.
+
+    Example:
+      >>> layout = MeshLayout("x:2", "batch:x;beam:x")
+      >>> layout.expect_dims(["beam"])      # only the decode graph has it
+    """
+    self._expected_dims.update(dim_names)
+
+  def check_rule_dims(self, operations, what="graph"):
+    """Checks that each rule (layout rules, then variable rules) names a dim
+    some tensor of operations has (or a graph lowered before with this
+    MeshLayout had, or expect_dims named). A rule whose dim is a misspelling
+    of one the graph has ("Batch", "batchh" for batch: closest_name with
+    cutoff TYPO_CUTOFF) raises LayoutError with the closest name, the dims
+    there are and the rule to write; the others (a layout written for a
+    family of models, applied to one that lacks the dim) give one
+    UnusedLayoutRuleWarning per MeshLayout and dim. Then remembers the
+    graph's dims. Mesh TF's inactive-mode rules are not checked.
+
+    Example:
+      >>> MeshLayout("x:2", "Batch:x").check_rule_dims(graph.operations)
+      Traceback (most recent call last):
+      LayoutError: layout rule 'Batch:x' names dim 'Batch', which no tensor
+      of the graph has, so it would split nothing: did you mean 'batch'? ...
+    """
+    dims = set()
+    for op in operations:
+      for t in list(op.outputs) + list(op.inputs):
+        dims.update(t.shape.dimension_names)
+    known = dims | self._expected_dims
+    unused = []
+    for rules, kind in self._checked_rules:
+      for dim, text in rules_lib.unknown_rule_dims(rules, known):
+        near = rules_lib.closest_name(dim, dims, rules_lib.TYPO_CUTOFF)
+        if near is not None:
+          raise errors.LayoutError(rules_lib.unknown_dim_message(
+              "%s:%s" % (dim, text), dim, dims, what,
+              cutoff=rules_lib.TYPO_CUTOFF).replace("layout rule", kind, 1))
+        if (kind, dim) not in self._warned:
+          self._warned.add((kind, dim))
+          unused.append("%s '%s:%s'" % (kind, dim, text))
+    if unused:
+      many = len(unused) > 1
+      warnings.warn(
+          "%s %s no tensor of this %s has (its dims: %s): unused here, %s "
+          "nothing" % (
+              ", ".join(unused), "name dims" if many else "names a dim",
+              what, ", ".join(sorted(dims)[:24]),
+              "they split" if many else "it splits"),
+          errors.UnusedLayoutRuleWarning, stacklevel=4)
+    self._expected_dims |= dims
 
   # --- whole graphs and relayouts ------------------------------------------
   def validate_operations(self, operations):

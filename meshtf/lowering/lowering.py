@@ -137,6 +137,7 @@ class Lowering(object):
     self._collectives = []
     self.program = None
     every_op = list(all_operations(graph.operations))
+    self._lowered_operations = set(every_op)
     self._consumers = collections.Counter(
         t for op in every_op for t in op.inputs)
     self.validate_layouts()
@@ -174,10 +175,13 @@ class Lowering(object):
     """Computes every tensor's layout (annotations and their propagation
     included); raises LayoutError on the first bad one, before any
     TensorFlow op is created (MeshLayout.assign, which the training
-    binary's preflight runs too)."""
+    binary's preflight runs too). A layout rule naming a dim no tensor of
+    the graph has is a LayoutError too (MeshLayout.check_rule_dims)."""
     by_mesh = collections.OrderedDict()
     for op in all_operations(self.graph.operations):
       by_mesh.setdefault(op.mesh, []).append(op)
+    for mesh, ops in by_mesh.items():
+      self.mesh_impl(mesh).mesh_layout.check_rule_dims(ops)
     self._graph_layouts = {
         mesh: self.mesh_impl(mesh).mesh_layout.assign(ops)
         for mesh, ops in by_mesh.items()}
@@ -407,15 +411,28 @@ class Lowering(object):
   def export_to_tf_tensor(self, x):
     """The full value of meshtf Tensor x as a tf.Tensor."""
     if x not in self.tensors:
-      raise ValueError(
-          "%s has no lowered value here: %s" % (x.name, (
-              "it was not an output of the SPMD program; list it in "
-              "Lowering(..., outputs=[...])" if self.program is not None
-              else "it is not a tensor of this Lowering's graph")))
+      raise ValueError("%s has no lowered value here: %s" % (
+          x.name, self._why_not_lowered(x)))
     impl = self.mesh_impl(x)
     with impl.using_layout(self.layout_of(x)), self.cause("export",
                                                           tensor=x):
       return impl.export_to_tf_tensor(self.tensors[x], x.shape)
+
+  def _why_not_lowered(self, x):
+    """Why export_to_tf_tensor has no value for x, with the fix."""
+    if getattr(x, "graph", None) is not self.graph:
+      return ("it belongs to another mtf.Graph than this Lowering's: lower "
+              "its own graph (mtf.Lowering(its graph, ...)), or build it in "
+              "this one")
+    if x.operation not in self._lowered_operations:
+      return ("it was made after this Lowering (which lowered the %d "
+              "operations its graph had then): build it before "
+              "mtf.Lowering(...), or lower the graph again" % len(
+                  self._lowered_operations))
+    if self.program is not None:
+      return ("it was not an output of the SPMD program; list it in "
+              "Lowering(..., outputs=[...])")
+    return "it is not a tensor of this Lowering's graph"
 
   def variable_value(self, var):
     """Full value of a variable (Variable op, its tensor, or its name) as of

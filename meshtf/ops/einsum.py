@@ -30,7 +30,17 @@ class EinsumOperation(graph_lib.Operation):
     super().__init__(inputs, name=name or "einsum")
     self._all_dims = _local.union_shape([x.shape for x in inputs])
     output_shape = shapes.convert_to_shape(output_shape)
+    sizes = {d.name: d.size for d in self._all_dims.dims}
     for d in output_shape.dims:
+      if d.name in sizes and sizes[d.name] != d.size:
+        raise ValueError(
+            "einsum output dimension %s:%d has size %d in the inputs (%s): "
+            "dims that share a name have one size; write %s:%d in "
+            "output_shape, or give the new dim another name" % (
+                d.name, d.size, sizes[d.name], ", ".join(
+                    "%s %s" % (x.name, x.shape) for x in inputs
+                    if x.shape.has_dim_name(d.name)), d.name,
+                sizes[d.name]))
       if d not in self._all_dims.dims:
         raise ValueError(
             "einsum output dimension %s:%d is not a dimension of any input "

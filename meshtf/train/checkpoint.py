@@ -20,6 +20,13 @@ checksum, shape and dtype. `read_newest_intact` falls back from a damaged
 checkpoint (truncated or overwritten data, a garbage or missing index, a
 broken meta.json) to the newest intact one and says which it skipped.
 
+A folder's name is its step, and its meta.json says the step too: a folder
+whose two disagree (ckpt-10 copied in as ckpt-90) is refused by
+`read_newest_intact` (MisnamedCheckpointError) rather than trusted either
+way -- resuming from it would train again from the older step and overwrite
+the checkpoints in between. Rotation after a save removes only checkpoints
+older than the one saved, never a newer one.
+
 Example:
   >>> manager = CheckpointManager("/tmp/model", max_to_keep=3)
   >>> manager.save(store, step=100)          # '/tmp/model/ckpt-100'
@@ -69,6 +76,37 @@ class DamagedCheckpointError(ValueError):
         "no intact checkpoint in %s: %s" % (directory, "; ".join(
             "%s is damaged (%s)" % (os.path.basename(p), why)
             for p, why in self.damaged)))
+
+
+class MisnamedCheckpointError(ValueError):
+  """A checkpoint folder's name says another step than its meta.json.
+
+  Attributes:
+    path: the folder; name_step: the step its name says; meta_step: the
+    step its meta.json says.
+  """
+
+  def __init__(self, path, name_step, meta_step, directory_steps):
+    self.path, self.name_step, self.meta_step = path, name_step, meta_step
+    directory = os.path.dirname(path)
+    name = os.path.basename(path)
+    right = "ckpt-%d" % meta_step
+    if meta_step in directory_steps:
+      fix = ("%s exists too: move %s out of %s (it is a copy of step %d)"
+             % (right, name, directory, meta_step))
+    else:
+      fix = "rename it to %s (or move it out of %s)" % (
+          os.path.join(directory, right), directory)
+    newer = sorted(s for s in directory_steps if meta_step < s < name_step)
+    risk = (": resuming from it would train again from step %d and "
+            "overwrite %s" % (meta_step, ", ".join("ckpt-%d" % s
+                                                   for s in newer))
+            if newer else ": the rotation would remove it as an old one"
+            if meta_step > name_step else "")
+    super().__init__(
+        "checkpoint folder %s holds step %d (its %s says so), not step %d: "
+        "it was renamed or copied%s; %s" % (path, meta_step, _META,
+                                             name_step, risk, fix))
 
 
 # What read_newest_intact found: the checkpoint used and the newer ones it
@@ -173,11 +211,17 @@ class CheckpointManager(object):
               dtype, shape))
     return step, values, meta
 
+  def _check_name(self, name_step, path, meta_step, found):
+    if meta_step != name_step:
+      raise MisnamedCheckpointError(path, name_step, meta_step,
+                                    {s for s, _ in found})
+
   def read_newest_intact(self):
     """The newest checkpoint that verifies, as an IntactCheckpoint whose
     `damaged` lists the newer ones skipped, with why; None when there is no
-    checkpoint. Raises DamagedCheckpointError when none is intact. Reads
-    only (no TensorFlow devices needed).
+    checkpoint. Raises DamagedCheckpointError when none is intact, and
+    MisnamedCheckpointError when the name and meta.json of that checkpoint
+    or of an older one disagree. Reads only (no TensorFlow devices needed).
 
     Example:
       >>> found = manager.read_newest_intact()
@@ -188,12 +232,25 @@ class CheckpointManager(object):
     if not found:
       return None
     damaged = []
-    for _, path in reversed(found):
+    for i in range(len(found) - 1, -1, -1):
+      name_step, path = found[i]
       try:
         step, values, meta = self.verify(path)
       except ValueError as e:
         damaged.append((path, str(e)))
         continue
+      self._check_name(name_step, path, step, found)
+      # The older ones are not read, but a misnamed one would be rotated
+      # away as old while it holds a newer step: its meta.json is read.
+      for older_step, older in found[:i]:
+        try:
+          with open(os.path.join(older, _META)) as f:
+            older_meta = json.load(f)
+          dict(older_meta["variables"])
+          meta_step = int(older_meta["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+          continue   # damaged: not this check's business
+        self._check_name(older_step, older, meta_step, found)
       return IntactCheckpoint(path, step, values, meta, damaged)
     raise DamagedCheckpointError(self.directory, damaged)
 
@@ -289,7 +346,12 @@ class CheckpointManager(object):
       raise
     _write_json(os.path.join(self.directory, _INDEX),
                 {"latest": os.path.basename(final)})
-    for _, old in self.checkpoints()[:-self.max_to_keep]:
+    # The oldest go until max_to_keep are left, but only ones older than
+    # this step: a checkpoint newer than the one just saved (a run resumed
+    # from an older step) is never removed here.
+    present = self.checkpoints()
+    older = [path for s, path in present if s < step]
+    for old in older[:max(0, len(present) - self.max_to_keep)]:
       shutil.rmtree(old, ignore_errors=True)
     return final
 

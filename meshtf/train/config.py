@@ -661,6 +661,10 @@ def _mesh_problems(config, problems):
     problems.append("--mesh_shape / --layout / --config.variable_layout / "
                     "--config.activation_layout: %s" % str(e).splitlines()[0])
     return None
+  # Rules for dims the config switches off are the binary's to report
+  # (preflight.rule_dims); the Lowering refuses rules for other dims no
+  # tensor of its graph has.
+  layout.expect_dims(preflight.OPTIONAL_DIM_NAMES)
   devices = config.num_virtual_cpus or layout.size
   if devices != layout.size and devices > 0:  # < 0 is a problem of its own
     problems.append(
@@ -704,6 +708,13 @@ def checked_training_graph(config, mesh_layout_=None):
   layout = mesh_layout_ or mesh_layout(config)
   try:
     graph = experiment.build_training_graph(config, layout)[0]
+    # A rule naming a dim the model lacks would silently split nothing.
+    problem, _ = preflight.rule_dims(config, graph)
+    if problem:
+      return None, None, problem
+    # The eval and decode graphs lowered with this layout may lack some of
+    # the training graph's dims: the rules naming them are checked here.
+    layout.expect_dims(preflight.graph_dim_names(graph))
     graph_layout = experiment.check_layouts(graph, layout)
   except layouts.LayoutError as e:
     return None, None, "--layout %r on mesh %r: %s" % (

@@ -31,6 +31,7 @@ Example:
   1.0
 """
 import os
+import re
 import time
 
 import numpy as np
@@ -86,7 +87,9 @@ def read_prompts(config, model_dir):
       "prompt per line)" % EXAMPLE_PROMPTS)
   if problem:
     raise PromptError(problem)
-  with open(path, encoding="utf-8") as f:
+  # utf-8-sig: a byte-order mark (Windows editors write one) is not part
+  # of the first prompt.
+  with open(path, encoding="utf-8-sig") as f:
     numbered = [(i + 1, l.strip()) for i, l in enumerate(f) if l.strip()]
   seq2seq = config.model_type == "bitransformer"
   task = config.task
@@ -111,6 +114,10 @@ def read_prompts(config, model_dir):
                  len(examples), has_answers=True)
 
 
+# A line of token ids ("5 9 4"): what a synthetic task's prompt is.
+_TOKEN_IDS = re.compile(r"\d+([\s,]+\d+)+")
+
+
 def _text_prompts(config, model_dir, path, numbered, seq2seq):
   from meshtf.train import text_data
   vocab = text_data.model_vocabulary(config, model_dir)
@@ -119,6 +126,18 @@ def _text_prompts(config, model_dir, path, numbered, seq2seq):
                       "model_dir, but %s does not exist: train with this "
                       "--model_dir first (or set --config.task.vocab_file)"
                       % os.path.join(model_dir, text_data.VOCAB_NAME))
+  if numbered and all(_TOKEN_IDS.fullmatch(l) for _, l in numbered):
+    # Encoded as text, digits the corpus lacks are unknown pieces: every
+    # prompt would decode to nothing useful, without a word.
+    task = config.task
+    raise PromptError(
+        "decode prompt file %s holds token ids (line %d %r), but the model "
+        "was trained on text (%s): write its prompts as text, one per line "
+        "(the vocabulary the model was trained with encodes them); token "
+        "ids are the synthetic tasks' prompts" % (
+            path, numbered[0][0], numbered[0][1][:40],
+            "task.data_files=%s" % task.data_files if task.data_files else
+            "task.tfds_name=%s" % task.tfds_name))
   length = config.length
   rows = []
   for number, line in numbered:

@@ -168,6 +168,9 @@ def _check_config_file(argv):
                      "--config=t2t_configs/lm_tiny.py" % (
                          value, path, "is a directory" if os.path.isdir(path)
                          else "does not exist"))
+  json_problem = _json_config_problem(value, path)
+  if json_problem:
+    raise UsageError(json_problem)
   try:
     with open(path, "rb") as f:
       tree = ast.parse(f.read(), filename=path)
@@ -181,6 +184,30 @@ def _check_config_file(argv):
     raise UsageError("--config=%s defines no get_config(): a config file is "
                      "a Python file whose get_config() returns the config, "
                      "e.g. t2t_configs/lm_tiny.py" % value)
+
+
+def _json_config_problem(value, path):
+  """One line when --config names a JSON file (a model_dir's config.json
+  is JSON, and a JSON object is a Python expression too: it would be
+  called a Python file without get_config()); else None."""
+  import json
+  try:
+    with open(path, encoding="utf-8") as f:
+      parsed = json.load(f)
+  except (OSError, ValueError):
+    return None
+  if not isinstance(parsed, dict):
+    return None
+  folder = os.path.dirname(os.path.abspath(path))
+  if os.path.basename(path) == CONFIG_FILE:
+    return ("--config=%s is the config a training run saved in its "
+            "model_dir (JSON), not a config file: pass --model_dir=%s and "
+            "no --config (eval, decode, export and training on read it), or "
+            "a Python config file such as t2t_configs/lm_tiny.py" % (
+                value, folder))
+  return ("--config=%s is a JSON file, not a config file: a config file is "
+          "a Python file whose get_config() returns the config, e.g. "
+          "t2t_configs/lm_tiny.py" % value)
 
 
 class _DropConfigFileWarnings(object):
@@ -276,13 +303,57 @@ def parse_flags(argv, flag_values=FLAGS):
     raise UsageError("unknown flag --%s: see python -m meshtf.train "
                      "--helpshort" % name) from None
   except flags.Error as e:
-    raise UsageError("%s: see python -m meshtf.train --helpshort"
+    raise UsageError(_group_override_problem(argv) or
+                     "%s: see python -m meshtf.train --helpshort"
                      % _one_line(e)) from None
   except (AttributeError, KeyError) as e:  # --config.<unknown key>
     raise _unknown_override(e, argv) from None
   except Exception as e:  # a config file that does not load
     raise UsageError("cannot load the config: %s: %s" % (
         type(e).__name__, _one_line(e))) from None
+
+
+def _group_override_problem(argv):
+  """One line for --config.<group>=value (task, moe: groups of keys, which
+  ml_collections would parse as a ConfigDict literal), naming the keys and
+  the one the value most likely meant; None if argv has no such flag.
+
+  Example:
+    >>> _group_override_problem(["meshtf.train", "--config.task=copy"])
+    '--config.task=copy: task is a group of keys (data_files, ...): set
+    one of them: --config.task.problem=copy'
+  """
+  import ml_collections
+  schema = config_lib.default_config()
+  for arg in argv[1:]:
+    if not arg.startswith("--config.") or "=" not in arg:
+      continue
+    key, value = arg[len("--config."):].split("=", 1)
+    if key not in schema or not isinstance(schema[key],
+                                           ml_collections.ConfigDict):
+      continue
+    keys = sorted(schema[key].keys())
+    meant = _key_meant(key, value)
+    return ("--config.%s=%s: %s is a group of keys (%s%s): set one of "
+            "them: --config.%s.%s=%s" % (
+                key, value, key, ", ".join(keys[:8]),
+                ", ..." if len(keys) > 8 else "", key, meant or "<key>",
+                value))
+  return None
+
+
+def _key_meant(group, value):
+  """The key of a config group a bare value most likely meant, or None."""
+  from meshtf.train import data as data_lib
+  if group == "task":
+    if value in data_lib.PROBLEMS:
+      return "problem"
+    return "data_files" if any(c in value for c in "./") else "tfds_name"
+  if group == "moe":
+    if value.strip().lstrip("-").isdigit():
+      return "num_experts"
+    return "gating" if value in config_lib.GATINGS else None
+  return None
 
 
 def _one_line(e):
@@ -312,8 +383,8 @@ def resolve_config(flag_values=FLAGS):
   config_flag = flag_values["config"]
   given = config_flag.present
   path = config_flags.get_config_filename(config_flag)
-  model_dir = flag_values.model_dir or default_model_dir(path if given
-                                                          else None)
+  model_dir = _model_dir_flag(flag_values) or default_model_dir(
+      path if given else None)
   overrides = dict(config_flags.get_override_values(config_flag))
   flag_names = {key: "--config." + key for key in overrides}
   saved = None
@@ -345,6 +416,24 @@ def resolve_config(flag_values=FLAGS):
       flag_names[name] = "--" + name
   config.lock()
   return config, model_dir, source, flag_names
+
+
+def _model_dir_flag(flag_values):
+  """--model_dir as meant: '~' expanded (a shell leaves '--model_dir=~/x'
+  as it is, and a folder named '~' would appear); None when not given.
+  Raises UsageError for an empty one (it would train into the default
+  folder that other runs share)."""
+  value = flag_values.model_dir
+  if value is None:
+    return None
+  if not value.strip():
+    raise UsageError(
+        "--model_dir=%r is empty: pass a directory, e.g. --model_dir=/tmp/lm"
+        " (leave the flag out for the default one, %s)" % (
+            value, default_model_dir(config_flags.get_config_filename(
+                flag_values["config"]) if flag_values["config"].present
+                                     else None)))
+  return os.path.expanduser(value)
 
 
 def default_model_dir(config_path):
@@ -380,7 +469,8 @@ def _expected_errors():
           (errors.ClusterError, errors.EXIT_CLUSTER),
           ((config_lib.ConfigError, UsageError, text_data.DataError,
             decode_lib.PromptError, LayoutError,
-            checkpoint.DamagedCheckpointError), errors.EXIT_USAGE))
+            checkpoint.DamagedCheckpointError,
+            checkpoint.MisnamedCheckpointError), errors.EXIT_USAGE))
 
 # OS errors that mean "this path cannot be used", not a bug.
 _PATH_ERRNOS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC,

@@ -43,6 +43,9 @@ MODEL_KEYS = (
     "moe.hidden_size", "task.problem", "task.seq2seq", "task.tfds_name",
     "task.text_keys")
 
+# Keys every config.json meshtf.train has written holds.
+CORE_MODEL_KEYS = ("model_type", "vocab_size", "d_model", "num_layers")
+
 
 # --- checks before writing ----------------------------------------------------
 def check_writable(model_dir):
@@ -72,12 +75,41 @@ def check_writable(model_dir):
 
 def check_not_a_file(model_dir):
   """Raises UsageError if model_dir exists and is not a directory, or is
-  (or lies under) a symlink that loops or points nowhere."""
+  (or lies under) a symlink that loops or points nowhere, or has a folder
+  name too long for its file system."""
+  check_name_lengths(model_dir)
   check_links(model_dir)
   if os.path.exists(model_dir) and not os.path.isdir(model_dir):
     raise errors.UsageError(
         "--model_dir=%s is a file, not a directory: pass a directory "
         "(created if missing)" % model_dir)
+
+
+def check_name_lengths(model_dir):
+  """Raises UsageError naming the folder name of model_dir's path that is
+  longer than its file system allows (255 bytes on most: Errno 36).
+
+  Example:
+    >>> check_name_lengths("/tmp/" + "a" * 300)
+    Traceback (most recent call last):
+    UsageError: --model_dir=/tmp/aaa...: the folder name 'aaaaaaaaaaaa...'
+    is 300 bytes, but the file system allows 255: ...
+  """
+  path = os.path.abspath(model_dir)
+  existing = path
+  while not os.path.isdir(existing):
+    existing = os.path.dirname(existing)
+  try:
+    limit = os.pathconf(existing, "PC_NAME_MAX")
+  except (OSError, ValueError, AttributeError):
+    limit = 255
+  for name in path.split(os.sep):
+    size = len(name.encode("utf-8", "surrogateescape"))
+    if size > limit:
+      raise errors.UsageError(
+          "--model_dir=%s: the folder name %r is %d bytes, but the file "
+          "system allows %d: pass a --model_dir with shorter names" % (
+              model_dir, name[:12] + "...", size, limit))
 
 
 def check_links(model_dir):
@@ -153,8 +185,38 @@ class ModelDirLock(object):
     self._created_dir = False
 
   def acquire(self):
+    """See the class docstring. A disk that is full (or any OS error) while
+    the directory or the lock is made raises errors.DiskFullError / the
+    OSError with nothing left behind: the folders made are removed."""
+    made = []
+    try:
+      return self._acquire(made)
+    except OSError as e:
+      if self.held:
+        self.release()
+      for path in reversed(made):
+        try:
+          os.rmdir(path)
+        except OSError:
+          pass
+      if errors.is_disk_full(e):
+        raise errors.DiskFullError(
+            "the disk of --model_dir=%s is full (%s creating %s): nothing "
+            "was written; free space on it (or pass --model_dir on a disk "
+            "with room) and train again" % (
+                self.model_dir, e.strerror or "no space left",
+                e.filename or self.model_dir)) from None
+      raise
+
+  def _acquire(self, made):
     if not os.path.isdir(self.model_dir):
-      os.makedirs(self.model_dir)
+      missing, path = [], os.path.abspath(self.model_dir)
+      while not os.path.exists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+      for path in reversed(missing):   # one by one: each is undone on error
+        os.mkdir(path)
+        made.append(path)
       self._created_dir = True
     warning = None
     for _ in range(5):   # another run may take a stale lock at the same time
@@ -170,10 +232,14 @@ class ModelDirLock(object):
         if _remove_if_unchanged(self.path, text):
           warning = _stale_message(self.model_dir, owner)
         continue
-      with os.fdopen(fd, "w") as f:
-        json.dump(_this_owner(), f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
+      try:
+        with os.fdopen(fd, "w") as f:
+          json.dump(_this_owner(), f, sort_keys=True)
+          f.flush()
+          os.fsync(f.fileno())
+      except BaseException:   # a full disk: no empty lock left behind
+        os.remove(self.path)
+        raise
       self.held = True
       return warning
     raise errors.UsageError(
@@ -376,6 +442,17 @@ def read_config(model_dir):
     raise errors.UsageError(
         "%s has %s: it was written by another version of meshtf; pass "
         "--config=<a config file>" % (path, problems[0]))
+  # A config.json without the model's size (an empty one, a fragment
+  # written by hand) would give the default model, which the checkpoint
+  # then contradicts with a message about shapes.
+  lacking = [k for k in CORE_MODEL_KEYS if k not in saved]
+  if lacking:
+    raise errors.UsageError(
+        "%s %s: it was not written by meshtf.train, which saves every key; "
+        "pass --config=<the config file it was trained with> (training on "
+        "rewrites config.json)" % (
+            path, "is empty ({})" if not saved else
+            "lacks the model's keys %s" % ", ".join(lacking)))
   return config
 
 
@@ -434,7 +511,8 @@ def _get(config, dotted):
   return config
 
 
-__all__ = ["LOCK_FILE", "CONFIG_FILE", "MODEL_KEYS", "check_writable",
-           "check_not_a_file", "check_links", "check_not_in_use",
+__all__ = ["LOCK_FILE", "CONFIG_FILE", "MODEL_KEYS", "CORE_MODEL_KEYS",
+           "check_writable", "check_not_a_file", "check_name_lengths",
+           "check_links", "check_not_in_use",
            "ModelDirLock", "clean_leftovers",
            "read_config", "write_config", "config_conflicts"]

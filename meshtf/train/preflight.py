@@ -323,6 +323,116 @@ def moe_layer_indices(config, num_layers):
   return indices
 
 
+# --- layout rules that name no dim of the model ------------------------------
+# Dims meshtf's models make only under some settings, with what makes them.
+# A rule for one that this config's model lacks (experts:data with MoE off,
+# beam:data in training) is reported in the header as unused, not refused:
+# one config file serves variants that switch these on and off. A rule for
+# a dim outside this table and the model is a typo, refused.
+OPTIONAL_DIMS = (
+    ("MoE layers (moe.num_experts > 0)",
+     ("experts", "expert_hidden", "expert_capacity", "expert_unsplit",
+      "group", "group_size", "group_unsplit")),
+    ("dense feed-forward layers (moe.layers other than 'all')", ("d_ff",)),
+    ("learned positions (positional_embedding=learned)", ("max_length",)),
+    ("T5's relative position bias (relative_attention other than none)",
+     ("buckets",)),
+    ("pipelining (pipeline_stages > 1)", ("stage", "microbatches")),
+    ("circular pipelining (circular_repeats > 1)", ("stage_repeat",)),
+    ("beam-search decoding (decode_strategy=beam)",
+     ("beam", "beam_candidates", "beam_top", "double_beam", "old_beam",
+      "triple_beam")),
+)
+OPTIONAL_DIM_NAMES = frozenset(d for _, dims in OPTIONAL_DIMS for d in dims)
+
+# The config keys holding layout rules, as the user sets them.
+RULE_KEYS = (("layout", "--layout"),
+             ("variable_layout", "--config.variable_layout"),
+             ("activation_layout", "--config.activation_layout"))
+
+
+def graph_dim_names(graph):
+  """Every dim name of every tensor of a symbolic graph (inner operations
+  of loops included)."""
+  from meshtf import graph as graph_lib
+  names = set()
+  for op in graph_lib.all_operations(graph.operations):
+    for t in list(op.outputs) + list(op.inputs):
+      names.update(t.shape.dimension_names)
+  return names
+
+
+def rule_dims(config, graph, flag_names=None):
+  """(problem, unused) of the config's layout rules against its model's
+  training graph: problem is the one line refusing the first rule that
+  names a dim neither the model nor OPTIONAL_DIMS has (the closest name,
+  the model's dims, the fix), else None; unused lists the rules naming an
+  optional dim this model lacks, as (flag, rule text, what makes the dim).
+
+  Example:
+    >>> c.layout = "Batch:data;heads:model"
+    >>> rule_dims(c, graph)[0]
+    "--layout='Batch:data;heads:model': layout rule 'Batch:data' names dim
+    'Batch', which no tensor of the model has, so it would split nothing:
+    did you mean 'batch'? (the model's dims: batch, d_ff, ...): set
+    --layout='batch:data;heads:model'"
+  """
+  from meshtf.layouts import layout_rules as rules_lib
+  dims = graph_dim_names(graph)
+  maker = {d: what for what, names in OPTIONAL_DIMS for d in names}
+  unused = []
+  for key, default_flag in RULE_KEYS:
+    flag = (flag_names or {}).get(key, default_flag)
+    rules = rules_lib.convert_to_layout_rules(str(config[key]))
+    for dim, text in rules_lib.unknown_rule_dims(rules, dims):
+      rule = "%s:%s" % (dim, text)
+      if dim in maker:
+        unused.append((flag, rule, maker[dim]))
+        continue
+
+      def fix(near, key=key, flag=flag, rules=rules, dim=dim):
+        kept = [(d, t) for d, t in rules.pairs if d != dim]
+        if near:
+          kept = [(near if d == dim else d, t) for d, t in rules.pairs]
+        value = ";".join("%s:%s" % p for p in kept)
+        return "set %s=%s" % (flag, _quoted(value)) if value else \
+            "drop %s" % flag
+      return ("%s=%s: %s" % (flag, _quoted(str(config[key])),
+                             rules_lib.unknown_dim_message(
+                                 rule, dim, dims, "model", fix)), unused)
+  return None, unused
+
+
+def _quoted(value):
+  """A flag value as a shell takes it ('a:b;c:d' quoted: ';' ends a
+  command)."""
+  return "'%s'" % value if any(c in value for c in "; ") else value
+
+
+def unused_rules_line(unused):
+  """The header's line for rule_dims' unused rules (grouped by what makes
+  their dims), or None.
+
+  Example:
+    >>> unused_rules_line([("--layout", "experts:data", "MoE layers"),
+    ...                    ("--layout", "group:data", "MoE layers")])
+    'unused layout rules: --layout experts:data, group:data (their dims are
+    made by MoE layers: not in this model's training graph)'
+  """
+  if not unused:
+    return None
+  groups = {}
+  for flag, rule, what in unused:
+    groups.setdefault(what, {}).setdefault(flag, []).append(rule)
+  return "unused layout rules: %s" % "; ".join(
+      "%s (%s made by %s: not in this model's training graph)" % (
+          ", ".join("%s %s" % (flag, ", ".join(rules))
+                    for flag, rules in by_flag.items()),
+          "their dims are" if sum(map(len, by_flag.values())) > 1
+          else "its dim is", what)
+      for what, by_flag in groups.items())
+
+
 # --- memory -------------------------------------------------------------------
 def host_memory_bytes():
   """This machine's memory as a process may use it: the physical memory,
@@ -432,6 +542,7 @@ def memory_problem(config, mesh_layout, graph, mode, devices_here,
 
 
 __all__ = ["RANGES", "Allowed", "range_problems", "all_numbers",
-           "moe_layer_indices",
+           "moe_layer_indices", "OPTIONAL_DIMS", "OPTIONAL_DIM_NAMES",
+           "graph_dim_names", "rule_dims", "unused_rules_line",
            "host_memory_bytes", "memory_estimate", "memory_problem",
            "MAX_EVAL_BATCHES", "MAX_LAYERS", "MAX_DECAY_PER_STEP"]

@@ -55,6 +55,10 @@ def check_checkpoint(config, model_dir, mode, found=None, graph=None):
   latest, saved = found.path, found.meta["variables"]
   if graph is None:
     graph = experiment.build_training_graph(config)[0]
+  if mode == "train":
+    problem = _optimizer_changed(config, model_dir, latest, saved, graph)
+    if problem:
+      raise UsageError(problem)
   needed = graph.all_variables if mode == "train" else \
       graph.trainable_variables
   for v in needed:
@@ -106,6 +110,37 @@ def _starting_checkpoint(config, model_dir, mode, graph, mesh_layout):
   return found
 
 
+def _is_slot(name):
+  """An optimizer's state variable ('<variable>/slot_m', ...)."""
+  return name.rsplit("/", 1)[-1].startswith("slot_")
+
+
+def _optimizer_changed(config, model_dir, path, saved, graph):
+  """One line when the checkpoint's variables and the model's differ only
+  in optimizer slots (the optimizer changed), naming both optimizers and
+  the fix; else None (another model is check_checkpoint's to say)."""
+  mine = {v.name for v in graph.all_variables}
+  theirs = set(saved)
+  differ = mine ^ theirs
+  if not differ or not all(_is_slot(n) for n in differ):
+    return None
+  try:
+    trained = model_dir_lib.read_config(model_dir)
+  except UsageError:
+    trained = None
+  before = "optimizer %r" % trained.optimizer if trained is not None and \
+      trained.optimizer != config.optimizer else "another optimizer"
+  slots = sorted({n.rsplit("/", 1)[-1] for n in theirs if _is_slot(n)})
+  return ("checkpoint %s holds the state of %s (%s) but this run's optimizer"
+          " is %r: the optimizer changed; to continue training from it, %s; "
+          "else start a new --model_dir (eval, decode and export need no "
+          "optimizer state)" % (
+              path, before, ", ".join(slots) or "no slots", config.optimizer,
+              "pass --config.optimizer=%s" % trained.optimizer
+              if before != "another optimizer" else
+              "use the optimizer it was trained with"))
+
+
 def _check_config_matches(config, model_dir, source):
   """A config whose model differs from the one model_dir's checkpoints
   were trained with is refused, naming the fields."""
@@ -147,6 +182,29 @@ def _check_device_count(config, mesh_layout, workers):
           mesh_layout.size, plan)])
 
 
+def _jit_program_problem(config, mesh_layout, devices, mode):
+  """jit_compile='program' on CPUs compiles only a program without
+  collectives (TF 2.21's XLA has none for CPU devices): a mesh of several
+  processors whose layout splits anything is refused here, before the
+  trace would fail (meshtf/lowering/simd_collectives.xla_program_refusal
+  says the same at trace time)."""
+  if config.jit_compile != "program" or mode in ("plan", "sweep", "export"):
+    return None
+  on_gpus = devices is not None and all("GPU" in str(d) for d in devices)
+  variable_rules = mesh_layout.variable_rules
+  replicated = not (mesh_layout.layout_rules.pairs or config.activation_layout
+                    or (variable_rules is not None and variable_rules.pairs))
+  if on_gpus or mesh_layout.size == 1 or replicated:
+    return None
+  return ("jit_compile='program' compiles the whole step with XLA, but TF "
+          "2.21's XLA does not compile collectives on CPU devices, and mesh "
+          "%r (%d processors) with layout %r needs them: set "
+          "--config.jit_compile=segments (XLA compiles the ops between the "
+          "collectives), or train on one processor (--mesh_shape=all:1 "
+          "--layout='')" % (str(config.mesh_shape), mesh_layout.size,
+                            str(config.layout)))
+
+
 def prepare(config, model_dir, mode, workers=None, devices=None,
             flag_names=None, source="the config"):
   """Everything that must pass before a directory is created or a device
@@ -170,6 +228,9 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   # the checkpoint's variables and the memory estimate below.
   graph, graph_layout, problem = config_lib.checked_training_graph(
       config, mesh_layout)
+  if problem:
+    raise config_lib.ConfigError([problem])
+  problem = _jit_program_problem(config, mesh_layout, devices, mode)
   if problem:
     raise config_lib.ConfigError([problem])
   writes = mode in ("train", "export", "plan", "sweep") or (
@@ -246,6 +307,9 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
     # Before model_dir is written: all workers are up and run one config.
     stops.phase = "waiting for the other workers to start"
     _meet(config, mode, workers, log)
+  hint_warning = communication_hint_warning(config, devices, mode)
+  if hint_warning:
+    warn(hint_warning)
   chief = workers is None or workers.is_chief
   lock = model_dir_lib.ModelDirLock(model_dir) \
       if mode == "train" and chief else None
@@ -307,6 +371,22 @@ def _raise_if_worker_lost(error, config, model_dir, workers, mesh_layout,
   raise peers.lost_worker_error(
       workers, error, doing, model_dir, mesh_layout.size,
       config.peer_timeout_seconds) from None
+
+
+def communication_hint_warning(config, devices, mode):
+  """The warning line for communication_hint='nccl' on a mesh that is not
+  all GPUs (the binary's virtual CPUs): NCCL serves GPUs only and
+  TensorFlow runs its ring collectives instead, so the run is sound but the
+  hint does nothing; None otherwise."""
+  if config.communication_hint != "nccl" or mode in ("plan", "sweep",
+                                                     "export"):
+    return None
+  if devices is not None and all("GPU" in str(d) for d in devices):
+    return None
+  return ("communication_hint='nccl' does nothing here: NCCL serves GPUs "
+          "only, and this run's mesh is on CPUs, where TensorFlow runs its "
+          "ring collectives instead; leave --config.communication_hint unset "
+          "(chosen from the devices) or set it to ring")
 
 
 def _report_damaged(found, may_move, warn):

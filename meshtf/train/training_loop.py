@@ -32,6 +32,7 @@ import numpy as np
 from meshtf.train import config as config_lib
 from meshtf.train import errors
 from meshtf.train import model_dir as model_dir_lib
+from meshtf.train import preflight
 from meshtf.train import stopping
 
 METRICS_FILE = "metrics.jsonl"
@@ -103,13 +104,6 @@ def _train(session, progress=None, stops=None):
       if why:
         log("input: %s" % why)
     first_batch = data.train_batch(start_step, rows=session.rows)
-  if chief:  # other workers of a multi-worker run write nothing
-    os.makedirs(model_dir, exist_ok=True)
-    model_dir_lib.write_config(model_dir, config)
-    if data.vocab_is_new:
-      from meshtf.train import text_data
-      data.vocab.save(os.path.join(model_dir, text_data.VOCAB_NAME))
-    _truncate_metrics(model_dir, start_step)
   step_fn = training.TrainStep(
       experiment.loss_fn(session.model, session.sink,
                          variable_dtype=experiment.variable_dtype(config),
@@ -122,12 +116,6 @@ def _train(session, progress=None, stops=None):
   # Several workers stop together: each step boundary agrees on the stop
   # requests of all of them (meshtf/train/peers.py).
   agree = _stop_agreement(session)
-  if chief:
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
-    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir,
-                                                             "eval"))
-  else:
-    writer = eval_writer = tf.summary.create_noop_writer()
   tokens_per_step = config.batch_size * config.length * (
       2 if config.model_type == "bitransformer" else 1)
   metrics_path = os.path.join(model_dir, METRICS_FILE)
@@ -136,8 +124,10 @@ def _train(session, progress=None, stops=None):
   step = start_step
   end = config.train_steps
   if start_step >= config.train_steps:
-    log("model_dir %s is already trained to step %d (train_steps %d)" % (
-        model_dir, start_step, config.train_steps))
+    log("model_dir %s is already trained to step %d (train_steps %d): "
+        "nothing to train, nothing written; pass --train_steps=%d or more "
+        "to train on" % (model_dir, start_step, config.train_steps,
+                         start_step + 1))
   elif start_step and config.stop_at_target and config.eval_every:
     # A run that stopped at the target would otherwise train on to the
     # next eval: check first.
@@ -149,6 +139,22 @@ def _train(session, progress=None, stops=None):
               config.target_accuracy))
       evals.append(dict(result, step=start_step))
       end = start_step
+  # A run that trains nothing writes nothing: config.json keeps the
+  # train_steps the model was trained to, no empty event files appear.
+  # Other workers of a multi-worker run write nothing at all.
+  writes = chief and step < end
+  if writes:
+    os.makedirs(model_dir, exist_ok=True)
+    model_dir_lib.write_config(model_dir, config)
+    if data.vocab_is_new:
+      from meshtf.train import text_data
+      data.vocab.save(os.path.join(model_dir, text_data.VOCAB_NAME))
+    _truncate_metrics(model_dir, start_step)
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, "train"))
+    eval_writer = tf.summary.create_file_writer(os.path.join(model_dir,
+                                                             "eval"))
+  else:
+    writer = eval_writer = tf.summary.create_noop_writer()
   # Until the first step has run there is nothing new to save: a signal
   # stops at once. From then on the first one is a request, answered
   # after the step in flight (deferral entered below).
@@ -189,7 +195,7 @@ def _train(session, progress=None, stops=None):
       stops.signum, stopped_by = signum, task   # another worker's signal
     agreed = True
     return True
-  with deferral, (open(metrics_path, "a") if chief else
+  with deferral, (open(metrics_path, "a") if writes else
                   open(os.devnull, "w")) as metrics_file:
     while step < end and not stop_requested():
       t0 = time.time()
@@ -451,6 +457,9 @@ def print_header(session, start_step, data=None):
                    format(counts["per_device"], ","),
                    format(counts["optimizer_per_device"], ",")),
   ]
+  unused = preflight.unused_rules_line(preflight.rule_dims(config, graph)[1])
+  if unused:
+    lines.append(unused)
   stream = getattr(data, "train_source", None)
   if hasattr(stream, "units"):
     vocab = data.vocab

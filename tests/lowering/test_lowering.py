@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import harness
 import meshtf as mtf
+from meshtf import layouts
 
 
 def lower(graph, mesh, mesh_shape, layout, backend="placement", store=None):
@@ -76,6 +77,78 @@ def test_mesh_size_must_match_devices():
 def test_unknown_mesh_axis_rejected_at_impl():
   with pytest.raises(mtf.LayoutError, match="'rowz'"):
     harness.make_impl("placement", "rows:2;cols:4", "batch:rowz")
+
+
+def test_a_rule_misspelling_a_dim_of_the_graph_is_refused():
+  """Issue 41: "batchh:rows;hiden:cols" lowered with 0 collectives, as if
+  no rule were given. Now the Lowering refuses a rule whose dim misspells
+  one of the graph's before any TF work, naming the closest dim; so do
+  variable rules. A rule for a dim the graph lacks altogether (a layout
+  written for several models) is one warning; a graph lowered after one
+  that had the dim may lack it (an eval graph after the training graph);
+  Mesh TF's inactive-mode rules keep their semantics (no check)."""
+  import warnings
+
+  def graph_of(dims):
+    graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+    mtf.reduce_sum(mtf.ones(mesh, dims))
+    return graph, mesh
+  graph, mesh = graph_of("batch:4;hidden:8")
+  store = mtf.VariableStore()
+  for backend in ("simd", "placement"):
+    with pytest.raises(mtf.LayoutError, match=(
+        r"^layout rule 'batchh:rows' names dim 'batchh', which no tensor of "
+        r"the graph has, so it would split nothing: did you mean 'batch'\? "
+        r"\(the graph's dims: batch, hidden\): write 'batch:rows'$")):
+      mtf.Lowering(graph, {mesh: harness.make_impl(
+          backend, "rows:2;cols:4", "batchh:rows;hiden:cols")},
+                   variable_store=store)
+  assert len(store) == 0
+  model, model_mesh = graph_of("batch:4;d_model:8")
+  layout = mtf.MeshLayout("rows:2;cols:4", "batch:rows", "dmodel:cols")
+  with pytest.raises(mtf.LayoutError, match=r"^variable layout rule "
+                     r"'dmodel:cols' names dim 'dmodel'.*did you mean "
+                     r"'d_model'\?"):
+    mtf.Lowering(model, {model_mesh: mtf.PlacementMeshImpl(
+        layout, None, harness.DEVICES)})
+  with pytest.warns(layouts.UnusedLayoutRuleWarning, match=(
+      r"^layout rule 'io:cols' names a dim no tensor of this graph has \(its"
+      r" dims: batch, hidden\): unused here, it splits nothing$")):
+    mtf.Lowering(graph, {mesh: harness.make_impl(
+        "placement", "rows:2;cols:4", "batch:rows;io:cols")})
+  impl = harness.make_impl("placement", "rows:2;cols:4",
+                           "batch:rows;hidden:cols")
+  mtf.Lowering(graph, {mesh: impl})
+  eval_graph, eval_mesh = graph_of("batch:4")   # no 'hidden': seen before
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    mtf.Lowering(eval_graph, {eval_mesh: impl})
+    mtf.Lowering(eval_graph, {eval_mesh: harness.make_impl(   # Mesh TF's
+        "placement", "rows:2;cols:4",
+        mtf.convert_to_layout_rules("batchh:rows"))})
+
+
+@pytest.mark.parametrize("backend", ["simd", "placement"])
+def test_a_tensor_the_lowering_never_saw_says_why(backend):
+  """Issue 41: a tensor of another Graph, or one made after the Lowering,
+  was answered "list it in Lowering(..., outputs=[...])", which cannot
+  help either."""
+  graph = mtf.Graph(); mesh = mtf.Mesh(graph, "m")
+  x = mtf.reduce_sum(mtf.ones(mesh, "b:4"))
+  other = mtf.Graph()
+  y = mtf.reduce_sum(mtf.ones(mtf.Mesh(other, "m"), "b:4"))
+  lowering = lower(graph, mesh, "all:2", "b:all", backend)
+  later = x * 2.0
+  with pytest.raises(ValueError, match=(
+      r"^reduce_sum:0 has no lowered value here: it belongs to another "
+      r"mtf.Graph than this Lowering's: lower its own graph")):
+    lowering.export_to_tf_tensor(y)
+  with pytest.raises(ValueError, match=(
+      r"^scalar_multiply:0 has no lowered value here: it was made after this "
+      r"Lowering \(which lowered the 2 operations its graph had then\): "
+      r"build it before mtf.Lowering")):
+    lowering.export_to_tf_tensor(later)
+  assert float(lowering.export_to_tf_tensor(x)) == 4.0
 
 
 def test_missing_impl_for_mesh():

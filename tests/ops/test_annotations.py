@@ -193,6 +193,9 @@ def test_unplaceable_annotations_name_everything(build, words):
     ("batch:x+", ["mtf.shard", "batch:8", "malformed", "'batch:x+y'"]),
     ("batch:x+x", ["name an axis twice"]),
     ("depth:x", ["'depth'", "does not have", "['batch', 'io']"]),
+    # issue 41: a TypeError from iterating the int
+    (42, ["Layout 42 (a int) is not layout rules", "'batch:rows;hidden:cols'",
+          "a dict {'batch': 'rows'}"]),
 ])
 def test_malformed_annotations_fail_when_written(layout, words):
   mesh = mtf.Mesh(mtf.Graph(), "m")

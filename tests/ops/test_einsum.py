@@ -152,6 +152,19 @@ def test_output_dim_not_in_inputs():
     mtf.einsum([x, w], output_shape="batch:8;vocab:16")
 
 
+def test_output_dim_with_another_size_than_the_inputs():
+  """Issue 41: this said "broadcast afterwards with mtf.broadcast", which
+  cannot help: the name is the inputs', with another size."""
+  mesh = _mesh()
+  x = mtf.ones(mesh, "batch:8;io:4", name="x")
+  with pytest.raises(ValueError) as e:
+    mtf.einsum([x], output_shape="batch:8;io:6")
+  assert str(e.value) == (
+      "einsum output dimension io:6 has size 4 in the inputs (x:0 [batch:8, "
+      "io:4]): dims that share a name have one size; write io:4 in "
+      "output_shape, or give the new dim another name")
+
+
 def test_dtype_mismatch():
   mesh = _mesh()
   with pytest.raises(TypeError, match="differ in dtype"):

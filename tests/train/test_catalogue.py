@@ -50,6 +50,8 @@ def files(tmp_path_factory):
   (d / "returns_dict.py").write_text(
       "def get_config():\n  return {'d_model': 32}\n")
   (d / "returns_none.py").write_text("def get_config():\n  pass\n")
+  (d / "saved").mkdir()   # a model_dir's config.json
+  (d / "saved" / "config.json").write_text(_tiny_config_json())
   (d / "lacks_keys.py").write_text(
       "import ml_collections\n\ndef get_config():\n"
       "  return ml_collections.ConfigDict({'d_model': 32})\n")
@@ -154,6 +156,64 @@ def _state_foreign_checkpoint(d):
        "variables": {"w": {"shape": [2, 3], "dtype": "float32"}}}))
 
 
+def _state_copied_checkpoint(d):
+  """Trained to 30 (ckpt-10, 20, 30), then ckpt-10 copied in as ckpt-90:
+  its name and its meta.json disagree (meta-only checkpoints: the name
+  check needs no bundle)."""
+  d.mkdir()
+  (d / "config.json").write_text(_tiny_config_json())
+  for name, step in (("ckpt-10", 10), ("ckpt-20", 20), ("ckpt-30", 30),
+                     ("ckpt-90", 10)):
+    (d / name).mkdir()
+    (d / name / "meta.json").write_text(json.dumps(
+        {"format": 1, "step": step, "extra": {}, "variables": {}}))
+
+
+def _state_empty_config(d):
+  d.mkdir()
+  (d / "config.json").write_text("{}")
+  (d / "ckpt-4").mkdir()
+  (d / "ckpt-4" / "meta.json").write_text("{}")
+
+
+def _state_text_trained(d):
+  """Trained on a text file (config.json says so; the corpus lies beside
+  model_dir)."""
+  d.mkdir()
+  corpus = d.parent / "corpus.txt"
+  corpus.write_text("the cat sat on the mat\n" * 20)
+  c = _load(LM_TINY)
+  c.task.data_files = str(corpus)
+  (d / "config.json").write_text(c.to_json(indent=1, sort_keys=True))
+  from meshtf.train import text_data
+  from meshtf.train import vocabulary
+  vocabulary.train_vocabulary(["the cat sat on the mat", "a dog ran"] * 50,
+                              24).save(str(d / text_data.VOCAB_NAME))
+  (d / "ckpt-4").mkdir()
+  (d / "ckpt-4" / "meta.json").write_text("{}")
+
+
+def _state_trained_adam(d):
+  """lm_tiny trained with Adam: a checkpoint of all its variables (slots
+  slot_m, slot_v included; zeros)."""
+  import tensorflow as tf
+  from meshtf.train import experiment
+  c = _load(LM_TINY)
+  graph = experiment.build_training_graph(c)[0]
+  d.mkdir()
+  (d / "config.json").write_text(_tiny_config_json())
+  (d / "ckpt-4").mkdir()
+  names = sorted(v.name for v in graph.all_variables)
+  shapes = {v.name: v.shape.to_integer_list for v in graph.all_variables}
+  dtypes = {v.name: v.outputs[0].dtype for v in graph.all_variables}
+  tf.raw_ops.SaveV2(prefix=str(d / "ckpt-4" / "variables"),
+                    tensor_names=names, shape_and_slices=[""] * len(names),
+                    tensors=[tf.zeros(shapes[n], dtypes[n]) for n in names])
+  (d / "ckpt-4" / "meta.json").write_text(json.dumps(
+      {"format": 1, "step": 4, "extra": {}, "variables": {
+          n: {"shape": shapes[n], "dtype": dtypes[n].name} for n in names}}))
+
+
 def _state_file(d):
   d.write_text("not a directory\n")
 
@@ -175,7 +235,11 @@ STATES = {"none": lambda d: None, "trained": _state_trained,
           "unknown_key_config": _state_unknown_key_config,
           "damaged": _state_damaged, "file": _state_file,
           "foreign_checkpoint": _state_foreign_checkpoint,
-          "readonly": _state_readonly, "symlink_loop": _state_symlink_loop}
+          "readonly": _state_readonly, "symlink_loop": _state_symlink_loop,
+          "copied_checkpoint": _state_copied_checkpoint,
+          "empty_config": _state_empty_config,
+          "text_trained": _state_text_trained,
+          "trained_adam": _state_trained_adam}
 
 # (case id, flags ({files} and {model_dir} are filled in), model_dir state,
 #  the text the one line must contain). "--config=" + lm_tiny is added
@@ -444,6 +508,74 @@ CASES = [
     ("train_on_a_checkpoint_of_another_model", [], "foreign_checkpoint",
      "it was trained with another config: pass that --config, or use a new "
      "--model_dir"),
+    # issue 41
+    ("checkpoint_copied_under_a_newer_name", ["NO_CONFIG"],
+     "copied_checkpoint", "checkpoint folder {model_dir}/ckpt-90 holds step "
+     "10 (its meta.json says so), not step 90: it was renamed or copied: "
+     "resuming from it would train again from step 10 and overwrite ckpt-20,"
+     " ckpt-30; ckpt-10 exists too: move ckpt-90 out of {model_dir}"),
+    ("eval_checkpoint_copied_under_a_newer_name", ["NO_CONFIG", "--mode=eval"],
+     "copied_checkpoint", "{model_dir}/ckpt-90 holds step 10"),
+    # rules naming a dim no tensor of the model has (they split nothing)
+    ("layout_names_no_dim", ["--layout=Batch:data;heads:model"], "none",
+     "--layout='Batch:data;heads:model': layout rule 'Batch:data' names dim "
+     "'Batch', which no tensor of the model has, so it would split nothing: "
+     "did you mean 'batch'? (the model's dims: batch, d_ff, d_kv, d_model, "
+     "heads, length, max_length, memory_length, vocab): set "
+     "--layout='batch:data;heads:model'"),
+    ("activation_layout_names_no_dim",
+     ["--config.activation_layout=Batch:data"], "none",
+     "--config.activation_layout=Batch:data: layout rule 'Batch:data' names "
+     "dim 'Batch'"),
+    ("variable_layout_names_no_dim", ["--config.variable_layout=dmodel:data"],
+     "none", "did you mean 'd_model'? (the model's dims: batch, d_ff, d_kv, "
+     "d_model, heads, length, max_length, memory_length, vocab): set "
+     "--config.variable_layout=d_model:data"),
+    # silent surprises and misleading fixes
+    ("text_model_given_token_id_prompts", [
+        "NO_CONFIG", "--mode=decode",
+        "--config.decode_prompts_file={files}/bad_token.txt"], "text_trained",
+     "decode prompt file {files}/bad_token.txt holds token ids (line 1 '5 9 "
+     "400'), but the model was trained on text (task.data_files="
+     "{model_dir_parent}/corpus.txt): write its prompts as text, one per "
+     "line"),
+    ("model_dir_flag_empty", ["--model_dir="], "none",
+     "--model_dir='' is empty: pass a directory, e.g. --model_dir=/tmp/lm "
+     "(leave the flag out for the default one, "),
+    ("model_dir_with_a_tilde", ["--mode=eval",
+                                "--model_dir=~/meshtf-issue41-never"], "none",
+     "no checkpoint in %s to eval" % os.path.expanduser(
+         "~/meshtf-issue41-never")),
+    ("model_dir_name_too_long", ["--model_dir={model_dir_parent}/" +
+                                 "a" * 300], "none",
+     "the folder name 'aaaaaaaaaaaa...' is 300 bytes, but the file system "
+     "allows 255: pass a --model_dir with shorter names"),
+    ("config_json_empty", ["NO_CONFIG", "--mode=eval"], "empty_config",
+     "{model_dir}/config.json is empty ({{}}): it was not written by "
+     "meshtf.train, which saves every key; pass --config=<the config file it"
+     " was trained with>"),
+    ("optimizer_changed", ["NO_CONFIG", "--config.optimizer=sgd"],
+     "trained_adam", "holds the state of optimizer 'adam' (slot_m, slot_v) "
+     "but this run's optimizer is 'sgd': the optimizer changed; to continue "
+     "training from it, pass --config.optimizer=adam; else start a new "
+     "--model_dir"),
+    ("config_flag_names_a_config_json", [
+        "--config={files}/saved/config.json", "--mode=eval"], "none",
+     "--config={files}/saved/config.json is the config a training run saved "
+     "in its model_dir (JSON), not a config file: pass --model_dir="
+     "{files}/saved and no --config"),
+    ("mesh_decimal_size", ["--mesh_shape=data:2.5;model:2"], "none",
+     "dimension 'data' has size 2.5, but a size is a whole number"),
+    # tracebacks
+    ("jit_program_on_a_model_parallel_mesh", ["--config.jit_compile=program"],
+     "none", "jit_compile='program' compiles the whole step with XLA, but TF "
+     "2.21's XLA does not compile collectives on CPU devices, and mesh "
+     "'data:4;model:2' (8 processors) with layout 'batch:data;heads:model;"
+     "d_ff:model;vocab:model' needs them: set --config.jit_compile=segments"),
+    ("config_group_given_a_value", ["--config.task=copy"], "none",
+     re.compile(r"--config.task=copy: task is a group of keys \(data_files, "
+                r"[a-z_, ]+, \.\.\.\): set one of them: "
+                r"--config.task.problem=copy$")),
 ]
 
 
@@ -530,6 +662,16 @@ def test_the_catalogue_covers_the_issue():
           "data_tsv_line_without_tab", "tfrecord_without_the_feature",
           "data_files_and_tfds_name", "comma_in_a_file_name",
           "vocab_far_above_the_corpus", "vocab_below_the_characters"} <= ids
+  # issue 41: rules naming no dim, a copied checkpoint, silent surprises,
+  # misleading fixes, tracebacks
+  assert {"checkpoint_copied_under_a_newer_name", "layout_names_no_dim",
+          "activation_layout_names_no_dim", "variable_layout_names_no_dim",
+          "text_model_given_token_id_prompts", "model_dir_flag_empty",
+          "model_dir_with_a_tilde", "model_dir_name_too_long",
+          "config_json_empty", "optimizer_changed",
+          "config_flag_names_a_config_json",
+          "jit_program_on_a_model_parallel_mesh",
+          "config_group_given_a_value"} <= ids
   assert len(ids) == len(CASES)
 
 
@@ -548,6 +690,9 @@ def test_a_real_process_prints_exactly_one_line(files, tmp_path):
       (["--config=%s/noconf.py" % files], "defines no get_config()"),
       # ml_collections' own warning line is not shown
       (["--config=%s/returns_none.py" % files], "get_config() returned None"),
+      # issue 41: a rule that would split nothing; a group given a value
+      (["--layout=Batch:data;heads:model"], "did you mean 'batch'?"),
+      (["--config.task=copy"], "set one of them: --config.task.problem=copy"),
   ]
   procs = []
   for i, (flags, _) in enumerate(cases):
@@ -625,6 +770,32 @@ def test_config_overrides_give_a_value_or_one_line(overrides, tmp_path):
   assert code == 2 and len(lines) >= 1, (argv, err.getvalue())
   assert all(l.startswith("meshtf.train: error: ") for l in lines), lines
   assert not os.path.exists(str(tmp_path / "never"))
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_prompt(tmp_path):
+  """Issue 41: a prompt file saved with a UTF-8 BOM (Windows editors) was
+  refused as "line 1 '\ufeff5 9 4': not token ids"."""
+  path = tmp_path / "bom.txt"
+  path.write_bytes(b"\xef\xbb\xbf5 9 4\n3 15\n")
+  c = _load(LM_TINY)
+  c.decode_prompts_file = str(path)
+  prompts = decode_lib.read_prompts(c, str(tmp_path))
+  assert prompts.lines == ["5 9 4", "3 15"]
+
+
+def test_communication_hint_nccl_on_cpus_is_a_warning():
+  """Issue 41: accepted without a word; the run is sound (TensorFlow runs
+  its ring collectives on CPUs), so the binary warns and goes on."""
+  from meshtf.train import runner
+  c = _load(LM_TINY)
+  c.communication_hint = "nccl"
+  line = runner.communication_hint_warning(c, None, "train")
+  assert line.startswith("communication_hint='nccl' does nothing here: NCCL"
+                         " serves GPUs only, and this run's mesh is on CPUs")
+  assert runner.communication_hint_warning(
+      c, ["/job:localhost/device:GPU:0"], "train") is None
+  c.communication_hint = ""
+  assert runner.communication_hint_warning(c, None, "train") is None
 
 
 @settings(max_examples=60, deadline=None,

@@ -117,6 +117,36 @@ def test_keeps_last_n(tmp_path):
   assert reader.get_variable_to_shape_map()["w1"] == [4, 16]
 
 
+def test_a_copied_checkpoint_is_refused_and_rotation_keeps_newer_ones(
+    tmp_path):
+  """ckpt-10 copied in as ckpt-90 (issue 41): discovery refuses the folder
+  whose name and meta.json disagree instead of resuming from step 10; and a
+  save at an older step than a checkpoint present never removes the newer
+  one (keep 2: ckpt-20 saved beside ckpt-30 removes only ckpt-10)."""
+  import shutil
+  store, _, manager = trained_store(max_to_keep=3, directory=tmp_path)
+  for step in (10, 20, 30):
+    manager.save(store, step)
+  shutil.copytree(str(tmp_path / "ckpt-10"), str(tmp_path / "ckpt-90"))
+  with pytest.raises(checkpoint.MisnamedCheckpointError,
+                     match=r"ckpt-90 holds step 10 .*not step 90: it was "
+                           r"renamed or copied: resuming from it would train"
+                           r" again from step 10 and overwrite ckpt-20, "
+                           r"ckpt-30; ckpt-10 exists too: move ckpt-90 out"):
+    manager.read_newest_intact()
+  shutil.rmtree(str(tmp_path / "ckpt-10"))
+  with pytest.raises(checkpoint.MisnamedCheckpointError,
+                     match=r"rename it to .*ckpt-10 \(or move it out"):
+    manager.read_newest_intact()
+  shutil.rmtree(str(tmp_path / "ckpt-90"))
+  manager.save(store, 10)
+  keep2 = checkpoint.CheckpointManager(str(tmp_path), max_to_keep=2)
+  keep2.save(store, 20)   # re-saved, as a run resumed from step 10 would
+  assert [s for s, _ in keep2.checkpoints()] == [20, 30]
+  keep2.save(store, 15)
+  assert [s for s, _ in keep2.checkpoints()] == [15, 20, 30]
+
+
 def test_restore_into_a_different_model_is_a_clear_error(tmp_path):
   store = mtf.VariableStore()
   fn = train_fn(harness.make_impl("placement", "all:1", ""), store)

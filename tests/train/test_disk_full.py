@@ -111,3 +111,33 @@ def test_what_a_full_disk_raises_is_recognised():
   from meshtf.train import training_loop
   assert training_loop._disk_full_reason(full, "/m") == (
       "No space left on device writing x.tempstate1")
+
+
+def test_a_full_disk_while_model_dir_is_created_is_one_line(tmp_path,
+                                                            monkeypatch):
+  """Issue 41: a raw "[Errno 28] No space left on device" (no path), and
+  the folders made before it stayed. (Measured on a full 4 kB tmpfs: mkdir
+  of the second folder fails.) Now the saves' disk-full line, nothing left
+  behind."""
+  import io
+  from meshtf.train import main
+  model_dir = tmp_path / "new" / "model"
+  real_mkdir = os.mkdir
+
+  def mkdir(path, *args, **kwargs):
+    if os.path.abspath(path) == str(model_dir):
+      raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    return real_mkdir(path, *args, **kwargs)
+  monkeypatch.setattr(os, "mkdir", mkdir)
+  err = io.StringIO()
+  code = main.run_command([
+      "meshtf.train", "--config=" + os.path.join(ROOT, "t2t_configs",
+                                                 "lm_tiny.py"),
+      "--model_dir=%s" % model_dir, "--train_steps=1"], out=io.StringIO(),
+                          err=err)
+  assert code == 2 and err.getvalue() == (
+      "meshtf.train: error: the disk of --model_dir=%s is full (No space "
+      "left on device creating %s): nothing was written; free space on it "
+      "(or pass --model_dir on a disk with room) and train again\n" % (
+          model_dir, model_dir)), err.getvalue()
+  assert os.listdir(str(tmp_path)) == []

@@ -489,3 +489,31 @@ def test_eval_and_decode_need_no_config(reference, tmp_path):
   assert [l.split(" -> ")[0] for l in shown] == ["  input [5, 9, 4, 2]",
                                                  "  input [3, 15, 2]"], shown
   assert len((tmp_path / "out.txt").read_text().splitlines()) == 2
+
+
+def test_train_steps_below_the_trained_step_writes_nothing(reference,
+                                                           tmp_path):
+  """Issue 41: --train_steps=6 on a model trained to 12 said "already
+  trained" but rewrote config.json's train_steps (and added empty event
+  files). Now the run says what to pass and leaves model_dir as it was."""
+  import hashlib
+
+  def _snapshot(path):
+    out = {}
+    for root, _, names in os.walk(path):
+      for name in names:
+        with open(os.path.join(root, name), "rb") as f:
+          out[os.path.relpath(os.path.join(root, name), path)] = \
+              hashlib.sha1(f.read()).hexdigest()
+    return out
+  model_dir = str(tmp_path / "m")
+  shutil.copytree(reference[0], model_dir)
+  before = _snapshot(model_dir)
+  out, err = _Lines([]), _Lines([])
+  code = main.run_command(["meshtf.train", "--model_dir=" + model_dir,
+                           "--train_steps=6"], out=out, err=err)
+  assert code == 0 and not err.lines, err.lines
+  assert ("is already trained to step 12 (train_steps 6): nothing to train, "
+          "nothing written; pass --train_steps=13 or more to train on"
+          ) in "".join(out.lines)
+  assert _snapshot(model_dir) == before

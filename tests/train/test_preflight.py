@@ -166,3 +166,61 @@ def test_a_step_that_cannot_fit_names_estimate_limit_and_fix():
   assert "lower --config.d_model (32)" in line
   assert preflight.memory_problem(c, layout, graph, "eval", 8,
                                   limit=8 * mem["peak"] - 1) is None
+
+
+def test_rules_for_dims_the_config_switches_off_are_unused_not_refused():
+  """The default layout names MoE dims (experts, group, expert_hidden):
+  with MoE off they are reported in the header as unused (issue 41); a
+  rule for a dim neither the model nor OPTIONAL_DIMS has is refused."""
+  c = config_lib.default_config()
+  c.moe.num_experts = 0
+  graph = experiment.build_training_graph(c, config_lib.mesh_layout(c))[0]
+  problem, unused = preflight.rule_dims(c, graph)
+  assert problem is None
+  assert [rule for _, rule, _ in unused] == [
+      "group:data", "experts:data", "expert_hidden:model"]
+  assert preflight.unused_rules_line(unused) == (
+      "unused layout rules: --layout group:data, experts:data, "
+      "expert_hidden:model (their dims are made by MoE layers "
+      "(moe.num_experts > 0): not in this model's training graph)")
+  c.variable_layout = "expert:data"   # a typo of experts: no MoE here
+  problem, _ = preflight.rule_dims(c, graph)
+  assert problem.startswith(
+      "--config.variable_layout=expert:data: layout rule 'expert:data' "
+      "names dim 'expert', which no tensor of the model has"), problem
+
+
+def test_every_dim_the_models_make_is_known_to_the_rule_check():
+  """OPTIONAL_DIMS keeps up with the models: every dim of a t2t config's
+  training graph (MoE, pipeline, seq2seq, T5's relative position bias) is
+  one of a dense lm's or in the table, and every dense-lm dim a variant
+  lacks is in it: a rule a config variant switches off is never refused."""
+  import os
+  root = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__)))), "t2t_configs")
+  dense = config_lib.load_file(os.path.join(root, "lm_tiny.py"))
+  known = preflight.graph_dim_names(experiment.build_training_graph(
+      dense, config_lib.mesh_layout(dense))[0])
+  for name, changes in (("moe_tiny.py", {}), ("translate_tiny.py", {}),
+                        ("gspmd_pipeline.py", {}),
+                        ("lm_tiny.py", {"positional_embedding": "none"}),
+                        ("t5.py:t5.1.1_tiny", {})):
+    c = config_lib.load_file(*os.path.join(root, name).split(":"))
+    for key, value in changes.items():
+      c[key] = value
+    if c.pipeline_stages == 1:
+      c.num_layers = 2
+    graph = experiment.build_training_graph(c, config_lib.mesh_layout(c))[0]
+    found = preflight.graph_dim_names(graph)
+    extra = found - known - preflight.OPTIONAL_DIM_NAMES
+    assert not extra, (name, sorted(extra))
+    lost = known - found - preflight.OPTIONAL_DIM_NAMES
+    assert not lost, (name, sorted(lost))   # switched off, not in the table
+    assert preflight.rule_dims(c, graph)[0] is None
+  # Every layer an MoE layer: no dense feed-forward, no d_ff.
+  c = config_lib.load_file(os.path.join(root, "moe_tiny.py"))
+  c.moe.layers = "all"
+  graph = experiment.build_training_graph(c, config_lib.mesh_layout(c))[0]
+  assert "d_ff" not in preflight.graph_dim_names(graph)
+  assert [rule for _, rule, _ in preflight.rule_dims(c, graph)[1]] == [
+      "d_ff:model"]

@@ -287,9 +287,18 @@ def _recompute_grad_grad(explicit_inputs, all_inputs, forward_operations,
   ops, mapping = clone_operations(forward_operations, mapping, kept_values)
   reached = [(mapping.get(t, t), g) for t, g in zip(outputs, output_grads)
              if g is not None]
-  grads = autodiff.gradients([t for t, _ in reached],
-                             [mapping.get(t, t) for t in all_inputs],
-                             grad_ys=[g for _, g in reached], operations=ops)
+  # Integer inputs (ids, positions) have no gradient: mtf.gradients refuses
+  # them as xs, so they are left out and get None.
+  xs = [mapping.get(t, t) for t in all_inputs]
+  floating = [i for i, t in enumerate(xs)
+              if t.dtype.is_floating or t.dtype.is_complex]
+  grads = [None] * len(xs)
+  if not floating:
+    return grads
+  for i, g in zip(floating, autodiff.gradients(
+      [t for t, _ in reached], [xs[i] for i in floating],
+      grad_ys=[g for _, g in reached], operations=ops)):
+    grads[i] = g
   return grads
 
 
