@@ -372,8 +372,8 @@ class Lowering(object):
       return reasons_lib.bucket(graph_layout, tensors)
     if kind == "export":
       return reasons_lib.reduce(graph_layout, None, tensor, where="(export)")
-    return reasons_lib.computes(graph_layout, op, "reshape" if type(
-        op).__name__ == "ReshapeOperation" else kind)
+    return reasons_lib.computes(graph_layout, op,
+                                "reshape" if op.reshapes else kind)
 
   def explain(self, top=10):
     """The collectives that send the most bytes, each with its reason: the
