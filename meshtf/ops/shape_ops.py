@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.layouts.relayout import StepKind
 from meshtf.lowering import pending as pending_lib
 from meshtf.op_kinds import CostKind
 from meshtf.ops import _local
@@ -71,7 +72,7 @@ class ReshapeOperation(graph_lib.Operation):
     if pending_axes[0] is None:
       return False
     x, out = self._inputs[0], self._outputs[0]
-    return all(s.kind == "reshape" for s in layout.relayout_plan(
+    return all(s.kind is StepKind.RESHAPE for s in layout.relayout_plan(
         x.shape, out.shape, x.dtype.size).steps)
 
   def view_input(self, index, graph_layout):

@@ -78,8 +78,8 @@ class _Recorder(object):
 
   def add_plan(self, plan, reason=None):
     for s in plan.steps:
-      if s.kind in ("allconcat", "alltoall", "reduce_scatter"):
-        key = (s.kind, tuple(self._mesh_layout.mesh_axis_names(
+      if s.kind in relayout_lib.COLLECTIVE_STEPS:
+        key = (s.kind.value, tuple(self._mesh_layout.mesh_axis_names(
             relayout_lib.step_axes(s))), s.group_size, s.elements_per_device,
                s.bytes_per_device)
         if s.group_size > 1:
@@ -348,7 +348,8 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
     x, out = op.inputs[0], op.outputs[0]
     rec.span = span(x, op)
     rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size),
-                 reasons_lib.computes(graph_layout, op, "reshape"))
+                 reasons_lib.computes(graph_layout, op,
+                                      reasons_lib.Cause.RESHAPE))
     return
   if not op.inputs or not op.outputs:
     return
