@@ -433,15 +433,19 @@ class CumsumOperation(graph_lib.Operation):
     return [CumsumOperation(grad_ys[0], self._dim, self._exclusive,
                             not self._reverse).outputs[0]]
 
+  def keeps_pending(self, pending_axes, layout):
+    """cumsum is linear, so a pending sum stays pending (x's dims never
+    use the pending sum's axes, so neither do the stripe totals)."""
+    return pending_axes[0] is not None
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     x, out = self._inputs[0], self._outputs[0]
     axis = x.shape.dimension_names.index(self._dim.name)
     exclusive, reverse = self._exclusive, self._reverse
     raw = lowering.pending_or_laid_out(x)
-    # cumsum is linear, so a pending sum stays pending (x's dims never use
-    # the pending sum's axes, so neither do the stripe totals).
-    pending = isinstance(raw, pending_lib.PendingSum)
+    pending = self.keeps_pending(pending_lib.pending_axes([raw]),
+                                 impl.mesh_layout)
     t = raw.laid_out if pending else raw
     # An uneven stripe's padding adds nothing to the totals.
     t = impl.mask_padding(t, x.shape, 0, [self._dim.name])
