@@ -15,6 +15,7 @@ import re
 
 import tensorflow as tf
 
+from meshtf import op_kinds
 from meshtf import shapes
 
 
@@ -235,6 +236,105 @@ class Operation(object):
   # sums (the parts of a gradient read by several operations).
   forward_op = None
   gradient_of = None
+
+  # Declared plan facts, beside the layout facts below: what the op costs
+  # and what its lowering does with partial sums and split dims. The
+  # lowering and meshtf/plan read the same declarations (no class names,
+  # no probing). Every meshtf op class states its cost_kind
+  # (tests/ops/test_declarations.py); an Operation subclass from elsewhere
+  # is priced as a kernel.
+  cost_kind = op_kinds.CostKind.KERNEL
+  # Its output's local values are partial sums over the mesh axes of the
+  # split input dims that no output keeps (an einsum's contracted dims,
+  # reduce_sum's reduced ones): its lowering makes a PendingSum, and the
+  # plan leaves the sum pending.
+  sums_partials = False
+  # The allreduce the plan counts over those mesh axes when the partial
+  # results are not sums (reduce_max's MAX).
+  split_reduction = "MAX"
+  # Elementwise arithmetic (unary, binary, scalar and cast ops): XLA may
+  # recompute a chain of them in each reader (plan/fusion.py).
+  elementwise = False
+  # A matrix product: its kernel runs on the matrix unit, its flops padded
+  # to the unit's tile (flops(layout, tile)).
+  matrix_unit = False
+  # Its lowering relays its input to its output's dims (a reshape: the
+  # MeshLayout's relayout plan from the input's shape to the output's).
+  reshapes = False
+  # {output index: input index} of the outputs that are inputs' values (a
+  # custom gradient's outputs are its function's): nothing computed or
+  # moved for them. None when no output is.
+  output_aliases = None
+  # A loop's facts (ops/control/loops.py): trip_count, the iterations of a
+  # run when known before running (None: unknown, counted once);
+  # recomputed_operations, the forward ops each iteration of a backward
+  # loop re-runs before its body; loop_carried, the body tensors each
+  # iteration leaves for the next; summed_outputs, [(output, body tensor)]
+  # of the sums over the iterations; gradient_loops, the backward loops
+  # that read the states this loop records (each names them in
+  # state_used).
+  trip_count = None
+  recomputed_operations = ()
+  loop_carried = ()
+  summed_outputs = ()
+  gradient_loops = ()
+
+  def keeps_pending(self, pending_axes, layout):
+    """Whether this op, reading pending sums as their only reader, leaves
+    its output the same pending sum (a linear op: negation, a scalar
+    multiple, a rename, a sum of sums over the same axes), to be reduced
+    later. pending_axes: per input, the mesh axes (a tuple) its pending
+    sum still needs, or None; layout: the op's computation MeshLayout.
+    The op's lower() and plan/estimate.py ask this.
+
+    Example:
+      >>> y = mtf.negative(mtf.einsum([x, w], output_shape=[batch]))
+      >>> y.operation.keeps_pending([(1,)], mesh_layout)
+      True
+    """
+    del pending_axes, layout
+    return False
+
+  def flops(self, layout, tile=0):
+    """Floating-point operations of the op on one device's slices under
+    its computation layout (a MeshLayout): by default one per local
+    output element. tile: the matrix unit's tile, which a matrix product
+    (matrix_unit) pads its sizes to (0: unpadded).
+
+    Example:
+      >>> (x + 1.0).operation.flops(mesh_layout)   # x's local elements
+    """
+    del tile
+    return sum(layout.slice_size(t.shape) for t in self._outputs)
+
+  def permutes(self, layout):
+    """[(mesh axis, elements per device)] of the neighbour exchanges the
+    lowering makes under layout (a shift's halo along a split dim), or
+    None for an op that makes none of its own."""
+    del layout
+    return None
+
+  def view_input(self, index, graph_layout):
+    """The input whose value output `index` is under graph_layout
+    (MeshLayout.assign) although output_aliases does not say so (a
+    relayout between equal layouts, a rename that moves nothing), or
+    None. plan/accounting.py counts such an output's memory once."""
+    del index, graph_layout
+    return None
+
+  @property
+  def family(self):
+    """The op's family: its module under meshtf/ops (einsum, elementwise,
+    reductions, conv, index, ...), or its class name elsewhere (the
+    plan's flops_by_family).
+
+    Example:
+      >>> mtf.exp(x).operation.family
+      'elementwise'
+    """
+    module = type(self).__module__
+    return (module.rsplit(".", 1)[-1] if ".ops." in module
+            else type(self).__name__)
 
   @property
   def layout_label(self):

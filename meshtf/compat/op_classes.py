@@ -22,6 +22,7 @@ import tensorflow as tf
 from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.layouts import mesh_layout as mesh_layout_lib
+from meshtf.op_kinds import CostKind
 from meshtf.ops import conv
 from meshtf.ops import elementwise
 from meshtf.ops import io
@@ -40,6 +41,9 @@ ReadVariable = variables.ReadVariableOperation
 class ScalarAddOperation(slicewise_lib.SlicewiseOperation):
   """x + scalar (Mesh TF's class; mtf.add with a number is the same)."""
 
+  cost_kind = CostKind.FUSIBLE
+  elementwise = True
+
   def __init__(self, x, scalar, name=None):
     super().__init__(lambda t: t + tf.cast(scalar, t.dtype), [x], [x.shape],
                      [x.dtype], x.shape.dimension_names,
@@ -52,6 +56,9 @@ class BinaryOpWithBroadcasting(slicewise_lib.SlicewiseOperation):
 
   It has no gradient (a broadcast input's gradient needs a sum across
   processors): use mtf.add / mtf.multiply etc. to differentiate."""
+
+  cost_kind = CostKind.FUSIBLE
+  elementwise = True
 
   def __init__(self, tf_fn, x1, x2, output_shape, output_dtype, name=None):
     output_shape = shapes.convert_to_shape(output_shape)

@@ -492,7 +492,7 @@ class MeshLayout(object):
       >>> plan = layout.relayout_plan(
       ...     "b:8;m:16", "b:8;m:16", old_layout=TensorLayout([0, 1]),
       ...     new_layout=TensorLayout([(0, 1), None]))
-      >>> [(s.kind, s.mesh_axis) for s in plan.steps]
+      >>> [(s.kind.value, s.mesh_axis) for s in plan.steps]
       [('allconcat', 1), ('allsplit', 1)]
     """
     return relayout.reshape_plan(self, _as_shape(old_shape),

@@ -28,6 +28,20 @@ Example:
   1. allconcat over y (32 processors): 64 x 260.0 MB = 16.64 GB ...
 """
 import collections
+import enum
+
+
+class Cause(enum.StrEnum):
+  """Why a collective exists (the table above): a Reason's cause, and
+  the cause the lowering records its collectives under."""
+  RELAYOUT = "relayout"
+  REDUCE = "reduce"
+  REDUCE_SCATTER = "reduce_scatter"
+  BUCKET = "bucket"
+  RESHAPE = "reshape"
+  COMPUTES = "computes"
+  EXPORT = "export"
+
 
 Reason = collections.namedtuple(
     "Reason", ["cause", "op", "tensor", "held", "wanted", "pattern"])
@@ -54,8 +68,8 @@ def relayout(graph_layout, op, tensor):
   """An input read in another layout than it is held in."""
   held = layout_text(graph_layout, tensor)
   wanted = layout_text(graph_layout, tensor, op)
-  return Reason("relayout", op.name, tensor.name, held, wanted,
-                _pattern("relayout", tensor, graph_layout, None, op))
+  return Reason(Cause.RELAYOUT, op.name, tensor.name, held, wanted,
+                _pattern(Cause.RELAYOUT, tensor, graph_layout, None, op))
 
 
 def summed(graph_layout, tensor, brief=False, depth=0):
@@ -91,7 +105,7 @@ def summed(graph_layout, tensor, brief=False, depth=0):
 def reduce(graph_layout, op, tensor, scatter=False, where=None):
   """Partial sums of tensor reduced where op reads them (op None: `where`,
   e.g. "(export)")."""
-  cause = "reduce_scatter" if scatter else "reduce"
+  cause = Cause.REDUCE_SCATTER if scatter else Cause.REDUCE
   held = summed(graph_layout, tensor)
   wanted = (layout_text(graph_layout, tensor, op) if op is not None
             else "whole")
@@ -107,15 +121,15 @@ def bucket(graph_layout, tensors):
   first = tensors[0]
   held = "%d gradients' %s" % (len(tensors), summed(graph_layout, first))
   wanted = "reduced together (one collective: mtf.reduce_together)"
-  return Reason("bucket", first.operation.name, ", ".join(
+  return Reason(Cause.BUCKET, first.operation.name, ", ".join(
       t.name for t in tensors[:3]) + (", ..." if len(tensors) > 3 else ""),
                 held, wanted, _pattern(
-                    "bucket", None, graph_layout, None, None,
+                    Cause.BUCKET, None, graph_layout, None, None,
                     held=summed(graph_layout, first, brief=True),
                     wanted=wanted))
 
 
-def computes(graph_layout, op, cause="computes"):
+def computes(graph_layout, op, cause=Cause.COMPUTES):
   """An operation's own collective (its lowering's): its layout."""
   t = op.outputs[0] if op.outputs else (op.inputs[0] if op.inputs else None)
   if t is None:

@@ -32,17 +32,32 @@ Example:
   >>> from meshtf.layouts.mesh_layout import MeshLayout
   >>> plan = MeshLayout("x:4", "batch:x;group:x").relayout_plan(
   ...     "batch:8;io:6", "group:4;size:2;io:6")
-  >>> [s.kind for s in plan.steps], plan.bytes_per_device
+  >>> [s.kind.value for s in plan.steps], plan.bytes_per_device
   (['reshape'], 0)
 """
 import collections
+import enum
 
 from meshtf.layouts.tensor_layouts import shard_size
 
+
+class StepKind(enum.StrEnum):
+  """What a RelayoutStep does (a closed vocabulary: backends dispatch on
+  it, the plan prices it). Its value is the collective record's kind."""
+  ALLCONCAT = "allconcat"
+  ALLTOALL = "alltoall"
+  ALLSPLIT = "allsplit"               # a local slice: no communication
+  REDUCE_SCATTER = "reduce_scatter"
+  RESHAPE = "reshape"                 # a local reshape of the slice
+
+
+# The steps that communicate.
+COLLECTIVE_STEPS = frozenset([StepKind.ALLCONCAT, StepKind.ALLTOALL,
+                              StepKind.REDUCE_SCATTER])
+
 RelayoutStep = collections.namedtuple(
     "RelayoutStep",
-    ["kind",                 # allconcat | alltoall | allsplit |
-                             # reduce_scatter | reshape
+    ["kind",                 # a StepKind
      "mesh_axis",            # the mesh axis (None for reshape; a tuple of
                              # axes, major first, for an alltoall over
                              # several)
@@ -102,8 +117,7 @@ class RelayoutPlan(object):
   @property
   def collectives(self):
     """The steps that communicate."""
-    return [s for s in self.steps
-            if s.kind in ("allconcat", "alltoall", "reduce_scatter")]
+    return [s for s in self.steps if s.kind in COLLECTIVE_STEPS]
 
   @property
   def bytes_per_device(self):
@@ -120,9 +134,9 @@ class RelayoutPlan(object):
     1536 bytes per device'."""
     lines = []
     for s in self.steps:
-      if s.kind == "reshape":
+      if s.kind is StepKind.RESHAPE:
         lines.append("reshape the slice to %s (local)" % (s.local_shape,))
-      elif s.kind == "allsplit":
+      elif s.kind is StepKind.ALLSPLIT:
         lines.append("allsplit tensor axis %d over mesh axis %d (local)" % (
             s.split_axis, s.mesh_axis))
       else:
@@ -206,7 +220,7 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
         for m in reversed(axes[len(prefix):]):
           sent = list(local)
           local[a] *= size(m)
-          collective("allconcat", m, None, a, sent, None)
+          collective(StepKind.ALLCONCAT, m, None, a, sent, None)
         held[b] = prefix
         old_axes[a] = prefix
         continue
@@ -222,7 +236,8 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
           sent[twin] = n * shard_size(old_shape.dims[twin].size, n)
           local[twin] = shard_size(old_shape.dims[twin].size, n)
           local[a] = size_a
-          collective("alltoall", axes[0] if len(axes) == 1 else axes, twin,
+          collective(StepKind.ALLTOALL, axes[0] if len(axes) == 1 else axes,
+                     twin,
                      a, sent, size_a)
           old_axes[a], old_axes[twin] = (), axes
           held[b] = axes
@@ -232,7 +247,7 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
       sent = list(local)
       last = i == len(axes) - 1
       local[a] = old_shape.dims[a].size if last else local[a] * size(m)
-      collective("allconcat", m, None, a, sent,
+      collective(StepKind.ALLCONCAT, m, None, a, sent,
                  old_shape.dims[a].size if last else None)
     old_axes[a] = ()
   new_local = [shard_size(d.size, shards(held.get(b, ())))
@@ -242,7 +257,7 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
       raise AssertionError("reshape plan %s -> %s: local sizes %s and %s "
                            "differ" % (old_shape, new_shape, local, new_local))
     local = new_local
-    steps.append(RelayoutStep("reshape", None, None, None, None, None,
+    steps.append(RelayoutStep(StepKind.RESHAPE, None, None, None, None, None,
                               tuple(local), 1, 0, 0))
   for b, axes in enumerate(new_axes):
     rest = axes[len(held.get(b, ())):]
@@ -253,7 +268,7 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
     padded = shard_size(new_shape.dims[b].size, shards(axes)) * shards(rest)
     for m in rest:
       local[b] = padded // size(m)
-      steps.append(RelayoutStep("allsplit", m, b, None, None, padded,
+      steps.append(RelayoutStep(StepKind.ALLSPLIT, m, b, None, None, padded,
                                 tuple(local), size(m), 0, 0))
       padded = local[b]
   return RelayoutPlan(old_shape, new_shape, steps)
@@ -273,16 +288,17 @@ def fuse_reduce_scatter(plan, pending_axes, dtype_size=4):
     ...     old_layout=TensorLayout([None, None]),
     ...     new_layout=TensorLayout([0, None]))
     >>> fused, rest = fuse_reduce_scatter(plan, [0])
-    >>> [s.kind for s in fused.steps], rest, fused.bytes_per_device
+    >>> [s.kind.value for s in fused.steps], rest, fused.bytes_per_device
     (['reduce_scatter'], [], 96)
   """
   pending = list(pending_axes)
   steps = []
   for s in plan.steps:
-    if s.kind == "allsplit" and s.mesh_axis in pending:
+    if s.kind is StepKind.ALLSPLIT and s.mesh_axis in pending:
       pending.remove(s.mesh_axis)
       elements = _prod(s.local_shape) * s.group_size
-      s = s._replace(kind="reduce_scatter", elements_per_device=elements,
+      s = s._replace(kind=StepKind.REDUCE_SCATTER,
+                     elements_per_device=elements,
                      bytes_per_device=collective_bytes(
                          "reduce_scatter", s.group_size, elements,
                          dtype_size))

@@ -32,6 +32,8 @@ Example:
 """
 import collections
 
+from meshtf.layouts.reasons import Cause
+
 # Default cap per bucket (bytes of each device's slice): measured on 8
 # virtual CPUs, fusing multi-MiB gradients costs more (concat + split copies,
 # and the bucket waits for its last gradient) than the collectives it saves;
@@ -154,12 +156,12 @@ class Bucketer(object):
     if len(sums) < 2:
       for t, raw in bucket.members:
         if not raw.materialized:
-          with self._lowering.cause("reduce", tensor=t):
+          with self._lowering.cause(Cause.REDUCE, tensor=t):
             raw.to_laid_out_tensor()
       return
     impl = sums[0].mesh_impl
     tensors = [t for t, raw in bucket.members if not raw.materialized]
-    with self._lowering.cause("bucket", tensors=tensors):
+    with self._lowering.cause(Cause.BUCKET, tensors=tensors):
       reduced = sums[0].record_while(lambda: impl.allreduce_bucket(
           [s.laid_out for s in sums], list(sums[0].mesh_axes), "SUM"))
     for raw, value in zip(sums, reduced):

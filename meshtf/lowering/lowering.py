@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf.layouts import reasons as reasons_lib
+from meshtf.layouts.reasons import Cause
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import bucketing
 from meshtf.lowering.pending import PendingSum
@@ -77,7 +78,7 @@ class _TensorMap(dict):
     if isinstance(value, PendingSum):
       if value.materialized or self._lowering is None:
         return value.to_laid_out_tensor()
-      with self._lowering.cause("reduce", tensor=key):
+      with self._lowering.cause(Cause.REDUCE, tensor=key):
         return value.to_laid_out_tensor()
     return value
 
@@ -212,12 +213,12 @@ class Lowering(object):
     impl = self.mesh_impl(op)
     layout = self.op_layout(op)
     saved = self.tensors.current
-    with impl.using_layout(layout), self.cause("computes", op):
+    with impl.using_layout(layout), self.cause(Cause.COMPUTES, op):
       for t in dict.fromkeys(op.inputs):
-        with self.cause("relayout", op, t):
+        with self.cause(Cause.RELAYOUT, op, t):
           self._relay(impl, t, layout)
       for t, inner_layout in self._captured(op):
-        with self.cause("relayout", op, t):
+        with self.cause(Cause.RELAYOUT, op, t):
           self._relay(impl, t, inner_layout)
       self.tensors.current = layout
       try:
@@ -299,7 +300,7 @@ class Lowering(object):
       fused, rest = relayout_lib.fuse_reduce_scatter(
           plan, raw.mesh_axes, tensor.dtype.size)
       if len(rest) < len(raw.mesh_axes):
-        with self.cause("reduce_scatter", tensor=tensor):
+        with self.cause(Cause.REDUCE_SCATTER, tensor=tensor):
           kept[new] = raw.record_while(lambda: impl.allreduce(
               impl.execute_relayout(raw.laid_out, fused), rest, "SUM"))
         return kept[new]
@@ -333,7 +334,7 @@ class Lowering(object):
     raw = self.tensors.raw(tensor)
     if isinstance(raw, PendingSum) and (raw.materialized or
                                         self._consumers[tensor] > 1):
-      with self.cause("reduce", tensor=tensor):
+      with self.cause(Cause.REDUCE, tensor=tensor):
         return raw.to_laid_out_tensor()
     return raw
 
@@ -345,8 +346,8 @@ class Lowering(object):
     the enclosing cause's), tensor / tensors the ones moved."""
     if self._causes:
       outer = self._causes[-1]
-      if kind == "reduce" and outer[0] == "export":
-        kind = "export"   # the export's own reduction
+      if kind is Cause.REDUCE and outer[0] is Cause.EXPORT:
+        kind = Cause.EXPORT   # the export's own reduction
       if op is None:
         op = outer[1]
     self._causes.append((kind, op, tensor, tensors))
@@ -367,17 +368,17 @@ class Lowering(object):
     graph_layout = self._graph_layouts.get(getattr(anchor, "mesh", None))
     if graph_layout is None:
       return None
-    if kind == "relayout":
+    if kind is Cause.RELAYOUT:
       return reasons_lib.relayout(graph_layout, op, tensor)
-    if kind in ("reduce", "reduce_scatter"):
+    if kind in (Cause.REDUCE, Cause.REDUCE_SCATTER):
       return reasons_lib.reduce(graph_layout, op, tensor,
-                                kind == "reduce_scatter")
-    if kind == "bucket":
+                                kind is Cause.REDUCE_SCATTER)
+    if kind is Cause.BUCKET:
       return reasons_lib.bucket(graph_layout, tensors)
-    if kind == "export":
+    if kind is Cause.EXPORT:
       return reasons_lib.reduce(graph_layout, None, tensor, where="(export)")
-    return reasons_lib.computes(graph_layout, op, "reshape" if type(
-        op).__name__ == "ReshapeOperation" else kind)
+    return reasons_lib.computes(graph_layout, op,
+                                Cause.RESHAPE if op.reshapes else kind)
 
   def explain(self, top=10):
     """The collectives that send the most bytes, each with its reason: the
@@ -414,7 +415,7 @@ class Lowering(object):
       raise ValueError("%s has no lowered value here: %s" % (
           x.name, self._why_not_lowered(x)))
     impl = self.mesh_impl(x)
-    with impl.using_layout(self.layout_of(x)), self.cause("export",
+    with impl.using_layout(self.layout_of(x)), self.cause(Cause.EXPORT,
                                                           tensor=x):
       return impl.export_to_tf_tensor(self.tensors[x], x.shape)
 

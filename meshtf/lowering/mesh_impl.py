@@ -455,20 +455,21 @@ class MeshImpl(object):
 
   def execute_relayout(self, x, plan):
     """Runs a RelayoutPlan (meshtf/layouts/relayout.py) on laid-out x."""
+    kinds = relayout_lib.StepKind
     for step in plan.steps:
-      if step.kind == "allconcat":
+      if step.kind is kinds.ALLCONCAT:
         x = self.allconcat(x, step.mesh_axis, step.concat_axis,
                            size=step.concat_size)
-      elif step.kind == "alltoall":
+      elif step.kind is kinds.ALLTOALL:
         x = self.alltoall(x, step.mesh_axis, step.split_axis,
                           step.concat_axis, concat_size=step.concat_size)
-      elif step.kind == "allsplit":
+      elif step.kind is kinds.ALLSPLIT:
         x = self.allsplit(x, step.mesh_axis, step.split_axis,
                           step.padded_size)
-      elif step.kind == "reduce_scatter":
+      elif step.kind is kinds.REDUCE_SCATTER:
         x = self.reduce_scatter(x, step.mesh_axis, step.split_axis,
                                 step.padded_size)
-      elif step.kind == "reshape":
+      elif step.kind is kinds.RESHAPE:
         x = self.slicewise(
             lambda t, s=list(step.local_shape): tf.reshape(t, s), x)
       else:

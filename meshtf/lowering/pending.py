@@ -60,4 +60,16 @@ class PendingSum(object):
     return self.mesh_impl.allreduce(self.laid_out, list(self.mesh_axes), "SUM")
 
 
-__all__ = ["PendingSum"]
+def pending_axes(values):
+  """Per lowered value, the mesh axes its pending sum still needs (a
+  tuple), or None for a value that is not a PendingSum: what
+  Operation.keeps_pending reads.
+
+  Example:
+    >>> pending_axes([PendingSum(impl, laid_out, [1]), laid_out])
+    [(1,), None]
+  """
+  return [v.mesh_axes if isinstance(v, PendingSum) else None for v in values]
+
+
+__all__ = ["PendingSum", "pending_axes"]

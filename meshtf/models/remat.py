@@ -120,7 +120,7 @@ class _Origins(object):
         stack.pop()
         continue
       op = t.operation
-      aliases = getattr(op, "output_aliases", None) or {}
+      aliases = op.output_aliases or {}
       if op.creates_variable_slices:
         bits[t] = _VARIABLES
       elif op.imports_host_slices:

@@ -47,6 +47,7 @@ from meshtf.models import relative_position
 from meshtf.models.sequences import autoregressive_inputs
 from meshtf.models.sequences import delimited_lm_inputs_mask
 from meshtf.models.sequences import sinusoidal_position_signal
+from meshtf.op_kinds import CostKind
 
 # tf.estimator.ModeKeys' values: dropout and z-loss only in "train". The
 # decoders (meshtf/models/decoding.py) add Mesh TensorFlow's "first_part"
@@ -284,6 +285,8 @@ class StepRandomUniformOperation(graph_lib.Operation):
   For a fixed step the finalizer maps i.i.d. uniform words to i.i.d.
   uniform words; across steps its avalanche decorrelates the draws.
   """
+
+  cost_kind = CostKind.FUSIBLE
 
   def __init__(self, step, shape, dtype=tf.float32, name=None):
     if step.shape.ndims != 0 or not step.dtype.is_integer:

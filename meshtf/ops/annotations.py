@@ -19,6 +19,7 @@ Example:
 from meshtf import graph as graph_lib
 from meshtf.layouts import errors
 from meshtf.layouts import layout_rules as rules_lib
+from meshtf.op_kinds import CostKind
 
 
 def annotation_rules(tensor_or_shape, layout, what):
@@ -46,6 +47,8 @@ class _Relayout(graph_lib.Operation):
   lowering relays the input before lower() runs). Its gradient is laid out
   like its input: the adjoint relayout."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, x, name):
     super().__init__([x], name=name)
     self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
@@ -56,6 +59,13 @@ class _Relayout(graph_lib.Operation):
 
   def gradient(self, grad_ys):
     return [LayoutLikeOperation(grad_ys[0], self._inputs[0]).outputs[0]]
+
+  def view_input(self, index, graph_layout):
+    """x, where graph_layout lays the output out as x: nothing moves."""
+    x, out = self._inputs[0], self._outputs[0]
+    same = (graph_layout.tensor_layout(x) ==
+            graph_layout.tensor_layout(out))
+    return x if same and not index else None
 
   def lower(self, lowering):
     # A sum still pending over axes the new layout keeps stays pending.

@@ -65,6 +65,7 @@ from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.layouts import errors
 from meshtf.lowering import pending as pending_lib
+from meshtf.op_kinds import CostKind
 from meshtf.ops.conv_slices import flatten_batch  # noqa: F401
 from meshtf.ops.conv_slices import halo_extend  # noqa: F401
 from meshtf.ops.conv_slices import halo_reduce  # noqa: F401
@@ -269,6 +270,22 @@ class _ConvBase(graph_lib.Operation):
   the forward conv's input and output are to the user)."""
 
   _roles = ("input", "output")
+  # Each is a kernel whose split input channels leave partial sums.
+  cost_kind = CostKind.KERNEL
+  sums_partials = True
+  # Which input is the forward conv's output y (None: this op's output).
+  _y_input = None
+
+  def flops(self, layout, tile=0):
+    """The forward conv's multiply-adds, which every conv op does: 2 x
+    local y x the filter window x the local input channels."""
+    del tile
+    g = self._geom
+    y = (self._outputs[0] if self._y_input is None
+         else self._inputs[self._y_input])
+    window = prod(d.size for d in g.filter_spatial)
+    return 2 * layout.slice_size(y.shape) * window * layout.slice_size(
+        [g.in_dim])
 
   def _spatial_plan(self, impl):
     """Per spatial dim of the image view: (tensor axis, mesh axis or None,
@@ -426,6 +443,8 @@ class ConvInputGradOperation(_ConvBase):
   """dx = conv^T(dy, f): the gradient of conv(x, f) with respect to x, of
   shape input_shape. Also conv*_transpose's forward op."""
 
+  _y_input = 0   # dy
+
   def __init__(self, dy, conv_filter, input_shape, strides, padding, nd,
                blocks=None, name=None, label=None):
     self._label = label or "conv%dd" % nd
@@ -481,6 +500,8 @@ class ConvInputGradOperation(_ConvBase):
 
 class ConvFilterGradOperation(_ConvBase):
   """df: the gradient of conv(x, f) with respect to f, of filter_shape."""
+
+  _y_input = 1   # dy
 
   def __init__(self, conv_input, dy, filter_shape, strides, padding, nd,
                blocks=None, name=None, label=None):

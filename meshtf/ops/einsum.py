@@ -12,12 +12,21 @@ from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.layouts import errors
 from meshtf.lowering import pending as pending_lib
+from meshtf.op_kinds import CostKind
 from meshtf.ops import _local
 
 
 class EinsumOperation(graph_lib.Operation):
   """Multiply inputs elementwise (broadcast by name), sum out the dims that
   are not in output_shape."""
+
+  # Its contracted dims' splits leave partial sums; with two operands or
+  # more it is a matrix product (one operand: a reduction, fused with its
+  # producers).
+  sums_partials = True
+  matrix_unit = True
+  cost_kind = property(lambda self: CostKind.REDUCING if len(
+      self._inputs) == 1 else CostKind.KERNEL)
 
   def __init__(self, inputs, output_shape, name=None):
     inputs = list(inputs)
@@ -50,6 +59,36 @@ class EinsumOperation(graph_lib.Operation):
 
   def layout_dim_groups(self):
     return [self._all_dims.dimension_names]
+
+  def flops(self, layout, tile=0):
+    """k operands: k x the product of every dim's local size (a matmul:
+    2 M N K). With a matrix unit's tile T (TPU MXU: 128), a two-operand
+    einsum's contracted size and the free size of the operand that stays
+    in the unit are padded to multiples of T, in the cheaper orientation.
+
+    Example:
+      >>> op = mtf.einsum([x, w], output_shape=[batch, hidden]).operation
+      >>> op.flops(mesh_layout), op.flops(mesh_layout, tile=128)
+    """
+    if not tile:
+      return max(len(self._inputs), 1) * layout.slice_size(self._all_dims)
+    x, y = self._inputs[0].shape, self._inputs[1].shape
+    out = set(self._outputs[0].shape.dimension_names)
+    xs, ys = set(x.dimension_names), set(y.dimension_names)
+    size = {d.name: layout.slice_size(shapes.Shape([d]))
+            for d in self._all_dims.dims}
+    def prod(names):
+      v = 1
+      for n in names:
+        v *= size[n]
+      return v
+    def padded(n):
+      return -(-n // tile) * tile
+    batch = prod(n for n in size if n in xs and n in ys and n in out)
+    k = prod(n for n in size if n not in out)
+    m = prod(n for n in size if n in xs and n not in ys and n in out)
+    n_ = prod(n for n in size if n in ys and n not in xs and n in out)
+    return 2 * batch * padded(k) * min(m * padded(n_), padded(m) * n_)
 
   def validate_layout(self, mesh_layout):
     """All dims of one einsum must split over distinct mesh axes, or the

@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.op_kinds import CostKind
 from meshtf.lowering import constants
 from meshtf.lowering import pending as pending_lib
 from meshtf.ops import _local
@@ -65,6 +66,9 @@ def _square_gradient(x, y, dy):
   return dy * 2.0 * x
 
 
+_LINEAR_UNARY = ("negative", "identity")
+
+
 def _unary_rule(kind):
   global _UNARY
   if _UNARY is None:
@@ -75,10 +79,19 @@ def _unary_rule(kind):
 class UnaryOperation(graph_lib.Operation):
   """y = f(x) elementwise; `kind` names f in the unary table."""
 
+  cost_kind = CostKind.FUSIBLE
+  elementwise = True
+
   def __init__(self, kind, x, name=None):
     super().__init__([x], name=name or kind)
     self._kind = kind
     self._outputs = [graph_lib.Tensor(self, x.shape, x.dtype)]
+
+  kind = property(lambda self: self._kind)
+
+  def keeps_pending(self, pending_axes, layout):
+    """Negation and identity are linear: the allreduce can wait."""
+    return pending_axes[0] is not None and self._kind in _LINEAR_UNARY
 
   @property
   def has_gradient(self):
@@ -93,9 +106,7 @@ class UnaryOperation(graph_lib.Operation):
     x = self._inputs[0]
     raw = lowering.pending_or_laid_out(x)
     fn = _unary_rule(self._kind)[0]
-    if self._kind in ("negative", "identity") and isinstance(
-        raw, pending_lib.PendingSum):
-      # Linear: the allreduce can wait.
+    if self.keeps_pending(pending_lib.pending_axes([raw]), impl.mesh_layout):
       lowering.set_tensor_lowering(self._outputs[0], pending_lib.PendingSum(
           impl, impl.slicewise(fn, raw.laid_out), raw.mesh_axes))
       return
@@ -255,6 +266,9 @@ class BinaryOperation(graph_lib.Operation):
   output_shape is given.
   """
 
+  cost_kind = CostKind.FUSIBLE
+  elementwise = True
+
   def __init__(self, kind, x, y, output_shape=None, name=None):
     if x.dtype != y.dtype:
       raise TypeError("%s: operands %s (%s) and %s (%s) differ in dtype; "
@@ -271,6 +285,17 @@ class BinaryOperation(graph_lib.Operation):
       shape = output_shape
     dtype = tf.bool if kind in _BOOL_OUTPUT else x.dtype
     self._outputs = [graph_lib.Tensor(self, shape, dtype)]
+
+  kind = property(lambda self: self._kind)
+
+  def keeps_pending(self, pending_axes, layout):
+    """A sum or difference of two sums pending over the same mesh axes,
+    neither broadcast, is still one allreduce, later."""
+    x, y = self._inputs
+    out = self._outputs[0]
+    ax, ay = pending_axes
+    return (self._kind in ("add", "sub") and ax is not None and ax == ay
+            and x.shape == out.shape and y.shape == out.shape)
 
   @property
   def has_gradient(self):
@@ -294,12 +319,8 @@ class BinaryOperation(graph_lib.Operation):
     fn = _binary_rule(self._kind)[0]
     rx = lowering.pending_or_laid_out(x)
     ry = lowering.pending_or_laid_out(y)
-    if (self._kind in ("add", "sub")
-        and isinstance(rx, pending_lib.PendingSum)
-        and isinstance(ry, pending_lib.PendingSum)
-        and rx.mesh_axes == ry.mesh_axes
-        and x.shape == out.shape and y.shape == out.shape):
-      # Sum of partial sums: still one allreduce, later.
+    if self.keeps_pending(pending_lib.pending_axes([rx, ry]),
+                          impl.mesh_layout):
       lowering.set_tensor_lowering(out, pending_lib.PendingSum(
           impl, impl.slicewise(fn, rx.laid_out, ry.laid_out), rx.mesh_axes))
       return
@@ -313,6 +334,9 @@ class BinaryOperation(graph_lib.Operation):
 class ScalarMultiplyOperation(graph_lib.Operation):
   """y = scalar * x for a Python number (linear: keeps sums pending)."""
 
+  cost_kind = CostKind.FUSIBLE
+  elementwise = True
+
   def __init__(self, x, scalar, name=None):
     super().__init__([x], name=name or "scalar_multiply")
     self._scalar = scalar
@@ -321,12 +345,15 @@ class ScalarMultiplyOperation(graph_lib.Operation):
   def gradient(self, grad_ys):
     return [grad_ys[0] * self._scalar]
 
+  def keeps_pending(self, pending_axes, layout):
+    return pending_axes[0] is not None
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     raw = lowering.pending_or_laid_out(self._inputs[0])
     dtype = self._inputs[0].dtype
     fn = lambda t: t * constants.constant(self._scalar, dtype)
-    if isinstance(raw, pending_lib.PendingSum):
+    if self.keeps_pending(pending_lib.pending_axes([raw]), impl.mesh_layout):
       value = pending_lib.PendingSum(impl, impl.slicewise(fn, raw.laid_out),
                                       raw.mesh_axes)
     else:
@@ -413,6 +440,8 @@ def add_n(xs):
 class WhereOperation(graph_lib.Operation):
   """where(condition, x, y) with broadcasting over all three by name."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, condition, x, y, output_shape=None, name=None):
     if condition.dtype != tf.bool:
       raise TypeError("where: condition %s must be bool, not %s" %
@@ -467,6 +496,9 @@ def where(condition, if_true, if_false, output_shape=None, name=None):
 class CastOperation(graph_lib.Operation):
   """Casts x to dtype (gradient casts back for floating dtypes)."""
 
+  cost_kind = CostKind.FUSIBLE
+  elementwise = True
+
   def __init__(self, x, dtype, name=None):
     super().__init__([x], name=name or "cast")
     self._outputs = [graph_lib.Tensor(self, x.shape, tf.as_dtype(dtype))]
@@ -491,13 +523,15 @@ class CastOperation(graph_lib.Operation):
     x, y = self._inputs[0].dtype, self._outputs[0].dtype
     return x.is_floating and y.is_floating and y.size >= x.size
 
+  def keeps_pending(self, pending_axes, layout):
+    return pending_axes[0] is not None and self.sums_later and self.widens
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     dtype = self._outputs[0].dtype
     fn = lambda t: tf.cast(t, dtype)  # noqa: E731
     raw = lowering.pending_or_laid_out(self._inputs[0])
-    if (self.sums_later and self.widens and
-        isinstance(raw, pending_lib.PendingSum)):
+    if self.keeps_pending(pending_lib.pending_axes([raw]), impl.mesh_layout):
       lowering.set_tensor_lowering(self._outputs[0], pending_lib.PendingSum(
           impl, impl.slicewise(fn, raw.laid_out), raw.mesh_axes))
       return
@@ -534,6 +568,8 @@ def to_int32(x, name=None):
 class BroadcastOperation(graph_lib.Operation):
   """Broadcasts x to new_shape (a superset of its dims, any order)."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, x, new_shape, name=None):
     new_shape = shapes.convert_to_shape(new_shape)
     if not x.shape.is_subshape_of(new_shape):
@@ -569,6 +605,8 @@ def broadcast(x, new_shape, name=None):
 
 class StopGradientOperation(graph_lib.Operation):
   """Identity whose gradient is not propagated."""
+
+  cost_kind = CostKind.FUSIBLE
 
   def __init__(self, x, name=None):
     super().__init__([x], name=name or "stop_gradient")

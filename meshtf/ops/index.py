@@ -33,6 +33,7 @@ import tensorflow as tf
 from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.lowering import pending as pending_lib
+from meshtf.op_kinds import CostKind
 from meshtf.ops import _local
 
 # Note: this module defines `range` (Mesh TensorFlow's name), so the builtin
@@ -93,6 +94,8 @@ class OneHotOperation(graph_lib.Operation):
   """y[..., j] = on_value if indices[...] == j else off_value; output_dim is
   appended after the indices' dims. Out-of-range indices give off_value."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, indices, output_dim, on_value, off_value, dtype,
                name=None):
     check_integer(indices, "one_hot", "indices")
@@ -139,6 +142,8 @@ def one_hot(indices, output_dim, on_value=1.0, off_value=0.0,
 # --- range -------------------------------------------------------------------
 class RangeOperation(graph_lib.Operation):
   """0, 1, ..., dim.size - 1 along dim."""
+
+  cost_kind = CostKind.FUSIBLE
 
   def __init__(self, mesh, dim, dtype, name=None):
     dim = shapes.convert_to_dimension(dim)
@@ -226,6 +231,10 @@ class GatherOperation(graph_lib.Operation):
   (zero where an index is out of range), as einsum([one_hot(indices, dim),
   weights]) without the one-hot tensor."""
 
+  # A split table dim leaves partial sums (each row on one processor).
+  cost_kind = CostKind.FUSIBLE
+  sums_partials = True
+
   def __init__(self, weights, indices, dim, output_shape=None, name=None):
     check_integer(indices, "gather", "indices")
     dim = find_dim(weights, dim, "gather")
@@ -291,6 +300,9 @@ class GatherOperation(graph_lib.Operation):
 class ScatterAddOperation(graph_lib.Operation):
   """The transpose of gather: out (shaped like the weights) is zero except
   out[shared, indices[shared, ids], rest] += updates[shared, ids, rest]."""
+
+  cost_kind = CostKind.KERNEL
+  sums_partials = True
 
   def __init__(self, updates, indices, dim, output_shape, name=None):
     check_integer(indices, "scatter_add", "indices")
@@ -399,6 +411,8 @@ class CumsumOperation(graph_lib.Operation):
   """Cumulative sum along dim (exclusive: without the element itself;
   reverse: from the end)."""
 
+  cost_kind = CostKind.REDUCING
+
   def __init__(self, x, dim, exclusive=False, reverse=False, name=None):
     dim = find_dim(x, dim, "cumsum")
     if not (x.dtype.is_floating or x.dtype.is_integer):
@@ -419,15 +433,19 @@ class CumsumOperation(graph_lib.Operation):
     return [CumsumOperation(grad_ys[0], self._dim, self._exclusive,
                             not self._reverse).outputs[0]]
 
+  def keeps_pending(self, pending_axes, layout):
+    """cumsum is linear, so a pending sum stays pending (x's dims never
+    use the pending sum's axes, so neither do the stripe totals)."""
+    return pending_axes[0] is not None
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     x, out = self._inputs[0], self._outputs[0]
     axis = x.shape.dimension_names.index(self._dim.name)
     exclusive, reverse = self._exclusive, self._reverse
     raw = lowering.pending_or_laid_out(x)
-    # cumsum is linear, so a pending sum stays pending (x's dims never use
-    # the pending sum's axes, so neither do the stripe totals).
-    pending = isinstance(raw, pending_lib.PendingSum)
+    pending = self.keeps_pending(pending_lib.pending_axes([raw]),
+                                 impl.mesh_layout)
     t = raw.laid_out if pending else raw
     # An uneven stripe's padding adds nothing to the totals.
     t = impl.mask_padding(t, x.shape, 0, [self._dim.name])

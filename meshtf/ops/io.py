@@ -17,10 +17,13 @@ from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.lowering import constants
 from meshtf.lowering import mesh_impl as mesh_impl_lib
+from meshtf.op_kinds import CostKind
 
 
 class ImportOperation(graph_lib.Operation):
   """Brings a full tf.Tensor onto the mesh; each processor takes its slice."""
+
+  cost_kind = CostKind.FREE
 
   imports_host_slices = True
 
@@ -129,6 +132,8 @@ def import_tf_scalar(mesh, value, dtype=None, what="a tf.Tensor operand"):
 class ImportSlicesOperation(graph_lib.Operation):
   """A tensor whose slices come from slice_fn(begin, size), called on the
   host of each processor for that processor only (per-host input)."""
+
+  cost_kind = CostKind.FREE
 
   imports_host_slices = True
 
@@ -249,6 +254,8 @@ def import_rows(mesh, local_rows, shape, rows, name=None):
 class FillOperation(graph_lib.Operation):
   """A tensor with every element equal to a Python scalar."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, mesh, value, shape, dtype, name=None):
     super().__init__([], mesh=mesh, name=name or "fill")
     # Through numpy, so 0 and 1 also fill bool tensors (tf.constant(1, bool)
@@ -268,6 +275,8 @@ class FillOperation(graph_lib.Operation):
 
 class ConstantOperation(graph_lib.Operation):
   """A tensor from a numpy array (sliced per processor)."""
+
+  cost_kind = CostKind.FREE
 
   def __init__(self, mesh, value, shape, dtype, name=None):
     super().__init__([], mesh=mesh, name=name or "constant")

@@ -11,12 +11,15 @@ import tensorflow as tf
 from tensorflow.compiler.tf2xla.python import xla as tf2xla
 
 from meshtf import graph as graph_lib
+from meshtf.op_kinds import CostKind
 
 
 class DependOperation(graph_lib.Operation):
   """x, lowered after `dependencies` (Operations or Tensors) have been:
   its slices carry TensorFlow control dependencies on them (Mesh
   TensorFlow's Depend). The gradient passes through to x."""
+
+  cost_kind = CostKind.FUSIBLE
 
   def __init__(self, x, dependencies, name=None):
     deps = list(dependencies)
@@ -88,6 +91,8 @@ class PrintOperation(graph_lib.Operation):
   """x unchanged; lowering it prints `message` and the full values of
   `data` once, on the first processor (Mesh TensorFlow's PrintOperation).
   Split data is gathered for printing (an allconcat per split mesh axis)."""
+
+  cost_kind = CostKind.KERNEL
 
   def __init__(self, x, data, message, name=None, **kwargs):
     data = list(data)

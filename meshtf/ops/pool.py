@@ -29,6 +29,7 @@ import tensorflow as tf
 from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.layouts import errors
+from meshtf.op_kinds import CostKind
 from meshtf.ops import conv as conv_lib
 
 _POOL = {("MAX", 2): tf.nn.max_pool2d, ("AVG", 2): tf.nn.avg_pool2d,
@@ -38,6 +39,8 @@ _POOL = {("MAX", 2): tf.nn.max_pool2d, ("AVG", 2): tf.nn.avg_pool2d,
 class _PoolBase(graph_lib.Operation):
   """Shared checks; subclasses set self._x_shape, self._ksize, self._nd,
   self._label."""
+
+  cost_kind = CostKind.KERNEL
 
   @property
   def _spatial(self):

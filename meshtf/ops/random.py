@@ -16,11 +16,14 @@ import tensorflow as tf
 from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.lowering import rng
+from meshtf.op_kinds import CostKind
 from meshtf.ops import elementwise
 
 
 class RandomOperation(graph_lib.Operation):
   """Uniform or normal random values of a given shape."""
+
+  cost_kind = CostKind.FUSIBLE
 
   def __init__(self, mesh, shape, distribution, params, seed=0, dtype=tf.float32,
                name=None):

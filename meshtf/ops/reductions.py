@@ -18,6 +18,7 @@ from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.lowering import constants
 from meshtf.lowering import pending as pending_lib
+from meshtf.op_kinds import CostKind
 from meshtf.ops import _local
 from meshtf.ops import elementwise
 
@@ -45,6 +46,8 @@ def identity_of(reduction, dtype):
 class ReduceOperation(graph_lib.Operation):
   """Reduces x to output_shape (a subset of its dims) with SUM, MAX or MIN."""
 
+  cost_kind = CostKind.REDUCING
+
   def __init__(self, x, output_shape, reduction, name=None):
     output_shape = shapes.convert_to_shape(output_shape)
     if not output_shape.is_subshape_of(x.shape):
@@ -54,6 +57,18 @@ class ReduceOperation(graph_lib.Operation):
     super().__init__([x], name=name or "reduce_" + reduction.lower())
     self._reduction = reduction
     self._outputs = [graph_lib.Tensor(self, output_shape, x.dtype)]
+
+  # "SUM", "MAX" or "MIN".
+  reduction = property(lambda self: self._reduction)
+  # A sum over a split dim leaves partial sums (reduced later); a max or
+  # min is allreduced at once.
+  sums_partials = property(lambda self: self._reduction == "SUM")
+  split_reduction = reduction
+
+  def flops(self, layout, tile=0):
+    """One per local input element."""
+    del tile
+    return sum(layout.slice_size(t.shape) for t in self._inputs)
 
   def gradient(self, grad_ys):
     x, y, dy = self._inputs[0], self._outputs[0], grad_ys[0]
@@ -85,7 +100,7 @@ class ReduceOperation(graph_lib.Operation):
     value = impl.slicewise(local, value)
     mesh_axes = impl.reduced_mesh_axes(x.shape, out.shape)
     if mesh_axes:
-      if self._reduction == "SUM":
+      if self.sums_partials:
         value = pending_lib.PendingSum(impl, value, mesh_axes)
       else:
         value = impl.allreduce(value, mesh_axes, self._reduction)

@@ -16,13 +16,18 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.layouts.relayout import StepKind
 from meshtf.lowering import pending as pending_lib
+from meshtf.op_kinds import CostKind
 from meshtf.ops import _local
 
 
 class ReshapeOperation(graph_lib.Operation):
   """Reshape in row-major order to a shape with the same number of
   elements; dimension names (and so layouts) may change."""
+
+  cost_kind = CostKind.FUSIBLE
+  reshapes = True
 
   def __init__(self, x, new_shape, name=None):
     new_shape = shapes.convert_to_shape(new_shape)
@@ -61,17 +66,37 @@ class ReshapeOperation(graph_lib.Operation):
         pairs.append((d.name, b))
     return pairs
 
+  def keeps_pending(self, pending_axes, layout):
+    """A reshape the layout makes local (a rename: every step of its
+    relayout plan a local reshape) is linear: the allreduce can wait."""
+    if pending_axes[0] is None:
+      return False
+    x, out = self._inputs[0], self._outputs[0]
+    return all(s.kind is StepKind.RESHAPE for s in layout.relayout_plan(
+        x.shape, out.shape, x.dtype.size).steps)
+
+  def view_input(self, index, graph_layout):
+    """x, when the layouts make this reshape local with nothing moved (a
+    rename): its lowering hands x's slices on."""
+    if index:
+      return None
+    x, out = self._inputs[0], self._outputs[0]
+    layout = graph_layout.op_layout(self)
+    if (graph_layout.tensor_layout(x) != layout.tensor_layout(x.shape) or
+        layout.slice_size(x.shape) != layout.slice_size(out.shape)):
+      return None
+    plan = layout.relayout_plan(x.shape, out.shape, x.dtype.size)
+    return None if plan.steps else x
+
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)
     x, out = self._inputs[0], self._outputs[0]
     raw = lowering.pending_or_laid_out(x)
-    if isinstance(raw, pending_lib.PendingSum):
+    if self.keeps_pending(pending_lib.pending_axes([raw]), impl.mesh_layout):
       plan = impl.mesh_layout.relayout_plan(x.shape, out.shape, x.dtype.size)
-      if all(s.kind == "reshape" for s in plan.steps):
-        # Linear and local (a rename): the allreduce can wait.
-        lowering.set_tensor_lowering(out, pending_lib.PendingSum(
-            impl, impl.execute_relayout(raw.laid_out, plan), raw.mesh_axes))
-        return
+      lowering.set_tensor_lowering(out, pending_lib.PendingSum(
+          impl, impl.execute_relayout(raw.laid_out, plan), raw.mesh_axes))
+      return
     lowering.set_tensor_lowering(
         out, impl.reshape(lowering.tensors[x], x.shape, out.shape))
 
@@ -128,6 +153,8 @@ def replace_dimensions(tensor_or_shape, old_dim_or_dims, new_dim_or_dims):
 
 class TransposeOperation(graph_lib.Operation):
   """Reorders dims; local only, since layouts follow dimension names."""
+
+  cost_kind = CostKind.FUSIBLE
 
   def __init__(self, x, new_shape, name=None):
     new_shape = shapes.convert_to_shape(new_shape)

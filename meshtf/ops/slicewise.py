@@ -17,6 +17,7 @@ import tensorflow as tf
 from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.layouts import errors
+from meshtf.op_kinds import CostKind
 
 
 def _dim_names(shapes_list):
@@ -34,6 +35,8 @@ class SlicewiseOperation(graph_lib.Operation):
     splittable_dims: dims the layout may split (others must be unsplit).
     grad_function: optional (op, *dys) -> one gradient per input.
   """
+
+  cost_kind = CostKind.KERNEL
 
   def __init__(self, tf_fn, inputs, output_shapes, output_dtypes,
                splittable_dims, grad_function=None, name=None):
@@ -93,6 +96,8 @@ def _as_list(value, n):
 class GenericGradOperation(graph_lib.Operation):
   """The gradient of a SlicewiseOperation: per slice, TensorFlow's gradient
   of its tf_fn (recomputed on the same slices, so it is exact)."""
+
+  cost_kind = CostKind.KERNEL
 
   def __init__(self, forward_op, grad_ys, name=None):
     self._forward_op = forward_op

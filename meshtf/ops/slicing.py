@@ -41,6 +41,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.op_kinds import CostKind
 
 _builtin_slice = slice  # this module defines `slice` (Mesh TF's name)
 
@@ -102,6 +103,8 @@ class SliceOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """x[..., begin:begin + size, ...] along slice_dim_name; the output dim
   keeps the name, with the new size."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, x, begin, size, slice_dim_name, name=None):
     axis, dim = _find_dim(x.shape, slice_dim_name, "slice", "slice_dim_name")
     begin, size = int(begin), int(size)
@@ -143,6 +146,8 @@ slice = mtf_slice  # pylint: disable=redefined-builtin
 
 class PadOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """Zeros before and after x along dim_name (same name, larger size)."""
+
+  cost_kind = CostKind.FUSIBLE
 
   def __init__(self, x, paddings, dim_name, name=None):
     axis, dim = _find_dim(x.shape, dim_name, "pad", "dim_name")
@@ -188,6 +193,8 @@ def pad(x, paddings, dim_name, name=None):
 class ConcatOperation(_FloatGradient, graph_lib.Operation):
   """Inputs equal in shape except the size of concat_dim_name; the output
   dim has the summed size."""
+
+  cost_kind = CostKind.FUSIBLE
 
   def __init__(self, xs, concat_dim_name, name=None):
     xs = list(xs)
@@ -249,6 +256,8 @@ def concat(xs, concat_dim_name, name=None):
 class SplitOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """Pieces of x along split_dim (each keeps the name, with its size)."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, x, split_dim, num_or_size_splits, name=None):
     axis, dim = _find_dim(x.shape, split_dim, "split", "split_dim")
     if isinstance(num_or_size_splits, int):
@@ -298,6 +307,8 @@ def split(x, split_dim, num_or_size_splits, name=None):
 # --- stack / unstack ---------------------------------------------------------
 class StackOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """Equal-shaped xs stacked along a new dim dim_name:len(xs) at `axis`."""
+
+  cost_kind = CostKind.FUSIBLE
 
   def __init__(self, xs, dim_name, axis, name=None):
     xs = list(xs)
@@ -349,6 +360,8 @@ def stack(xs, dim_name, axis=0, name=None):
 class UnstackOperation(_WholeDim, _FloatGradient, graph_lib.Operation):
   """One tensor per index of dim, without that dim."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, x, dim, name=None):
     axis, dim = _find_dim(x.shape, dim, "unstack")
     super().__init__([x], name=name or "unstack")
@@ -385,6 +398,8 @@ class ShiftOperation(_FloatGradient, graph_lib.Operation):
   """out[i] = x[i - offset] along dim: zeros shifted in (wrap=False) or a
   rotation (wrap=True)."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, x, offset, dim, wrap, name=None):
     axis, dim = _find_dim(x.shape, dim, "shift")
     super().__init__([x], name=name or "shift")
@@ -395,6 +410,39 @@ class ShiftOperation(_FloatGradient, graph_lib.Operation):
   def gradient(self, grad_ys):
     # Each element moved by +offset: its gradient moves back.
     return [shift(grad_ys[0], -self._offset, self._dim, self._wrap)]
+
+  def permutes(self, layout):
+    """The halo exchange along a dim split evenly over one mesh axis
+    (lower(): with stripe s and offset q * s + r, r elements from one
+    neighbour and s - r from another), [(mesh axis, elements per
+    device)]; a pipeline's buffer moves one stage each iteration this way.
+    Empty where the lowering moves nothing between neighbours (no offset,
+    a shift past the end) or shifts the whole dim locally (unsplit, or
+    split unevenly or over several axes).
+
+    Example:
+      >>> mtf.shift(x, 1, "length", wrap=False).operation.permutes(layout)
+      [(0, 32)]
+    """
+    x = self._inputs[0]
+    n, offset = self._dim.size, self._offset
+    if self._wrap:
+      offset %= n
+    elif abs(offset) >= n:
+      return []
+    split = layout.dim_split(x.shape, self._axis)
+    if not offset or len(split.mesh_axes) != 1 or not split.is_even:
+      return []
+    stripe = n // layout.axis_size(split.mesh_axis)
+    q, r = offset // stripe, offset % stripe
+    per_element = layout.slice_size(x.shape) // stripe
+    out = []
+    if r:
+      out.append((split.mesh_axis, r * per_element))
+    if q:
+      out.append((split.mesh_axis, (stripe - r if r else stripe) *
+                  per_element))
+    return out
 
   def lower(self, lowering):
     impl = lowering.mesh_impl(self)

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from meshtf import graph as graph_lib
 from meshtf import shapes
+from meshtf.op_kinds import CostKind
 from meshtf.ops import _local
 from meshtf.ops import elementwise
 from meshtf.ops import index
@@ -44,6 +45,8 @@ class TopKOperation(graph_lib.Operation):
   Outputs have x's other dims followed by k_dim (k = k_dim.size), largest
   first; with k_dim None, k = 1 and there is no k dim (top_1).
   """
+
+  cost_kind = CostKind.KERNEL
 
   def __init__(self, x, reduced_dim, k_dim, name=None):
     _check_orderable(x, "top_k")
@@ -187,6 +190,8 @@ def sample_with_temperature(logits, dim, temperature=1.0, name=None):
 class SortOperation(graph_lib.Operation):
   """Sorted values of x along dim, and the permutation: values[..., i] =
   x[..., permutation[..., i]]. Ties keep their order (a stable sort)."""
+
+  cost_kind = CostKind.KERNEL
 
   def __init__(self, x, dim, descending=False, name=None):
     _check_orderable(x, "sort")

@@ -18,6 +18,7 @@ from meshtf import graph as graph_lib
 from meshtf import shapes
 from meshtf.lowering import rng
 from meshtf.lowering import variables as variables_lib
+from meshtf.op_kinds import CostKind
 from meshtf.ops import initializers
 
 
@@ -71,6 +72,8 @@ def _split_dtype(dtype, master_dtype=None, slice_dtype=None,
 
 class Variable(graph_lib.Operation):
   """A variable; its output is the value at this point of the graph."""
+
+  cost_kind = CostKind.FREE
 
   def __init__(self, mesh, name, shape, dtype, initializer, trainable=True,
                layout=None, **unused_kwargs):
@@ -350,6 +353,8 @@ class AssignOperation(graph_lib.Operation):
   (set), assign_add_slice, assign_sub_slice or any function of that form.
   The strings "assign", "add" and "sub" name the first three."""
 
+  cost_kind = CostKind.FUSIBLE
+
   def __init__(self, variables, new_values, assign_fn=assign_slice,
                name=None):
     self._variables = [_variable_op(v) for v in variables]
@@ -453,6 +458,8 @@ class ReadVariableOperation(graph_lib.Operation):
   """The variable's value at this point of the program: after the
   assignments that come before it in the graph (a Variable's own output is
   its value when the Variable operation runs)."""
+
+  cost_kind = CostKind.FREE
 
   def __init__(self, var, dtype=None, name=None):
     self._var = _variable_op(var, "read_variable")

@@ -5,7 +5,8 @@ alive through the forward and backward passes (liveness over the graph's
 operation order).
 
 Counting rules (per device, on the slices the op's computation layout
-gives it; padding of uneven splits included, since it is computed):
+gives it; padding of uneven splits included, since it is computed; each
+op's Operation.flops):
   einsum        k operands: k x product of every dim's local size (a
                 matmul: 2 M N K); one operand: a reduction
   conv          2 x local output x filter window x local input channels
@@ -31,10 +32,6 @@ from meshtf.lowering import lowering as lowering_lib
 from meshtf.ops import annotations
 
 OpCost = collections.namedtuple("OpCost", ["op", "family", "flops", "bytes"])
-# conv op -> which input is the forward conv's output y (ConvOperation makes
-# it).
-_CONV_Y = {"ConvOperation": None, "ConvInputGradOperation": 0,
-           "ConvFilterGradOperation": 1}
 
 
 def _prod(values):
@@ -42,13 +39,6 @@ def _prod(values):
   for v in values:
     out *= int(v)
   return out
-
-
-def _family(op):
-  """The op's family: its module under meshtf/ops (einsum, elementwise,
-  reductions, conv, index, ...), or the class name elsewhere."""
-  module = type(op).__module__
-  return module.rsplit(".", 1)[-1] if ".ops." in module else type(op).__name__
 
 
 def _local_elements(layout, tensor):
@@ -60,30 +50,14 @@ def op_cost(op, layout, graph_layout=None):
   With graph_layout, an op whose outputs are views of its inputs
   (_aliased_input: depend, a custom gradient, a relayout that moves
   nothing) costs nothing."""
-  family = _family(op)
+  family = op.family
   if graph_layout is not None and op.outputs and all(
       _aliased_input(op, k, graph_layout) is not None
       for k in range(len(op.outputs))):
     return OpCost(op, family, 0, 0)
   touched = sum(_local_elements(layout, t) * t.dtype.size
                 for t in list(op.inputs) + op.outputs)
-  name = type(op).__name__
-  if name == "EinsumOperation":
-    union = op._all_dims  # pylint: disable=protected-access
-    flops = max(len(op.inputs), 1) * layout.slice_size(union)
-  elif name in _CONV_Y:
-    # Every conv op does the forward conv's multiply-adds: per output
-    # position and out channel, the window times the in channels.
-    g = op._geom  # pylint: disable=protected-access
-    y = op.outputs[0] if name == "ConvOperation" else op.inputs[_CONV_Y[name]]
-    window = _prod(d.size for d in g.filter_spatial)
-    flops = (2 * _local_elements(layout, y) * window *
-             layout.slice_size([g.in_dim]))
-  elif family == "reductions":
-    flops = sum(_local_elements(layout, t) for t in op.inputs)
-  else:
-    flops = sum(_local_elements(layout, t) for t in op.outputs)
-  return OpCost(op, family, int(flops), int(touched))
+  return OpCost(op, family, int(op.flops(layout)), int(touched))
 
 
 class Accounting(object):
@@ -147,15 +121,14 @@ def loop_trips(op):
   """How many times a loop op runs its inner operations per step: its
   trip_count (a while loop with maximum_iterations, a pipeline's; its
   gradient's backward loop the same), 1 when unknown before running."""
-  return getattr(op, "trip_count", None) or 1
+  return op.trip_count or 1
 
 
 def iteration_operations(op):
   """The operations one iteration of a loop op runs: a forward loop's
   cond and body; a backward loop's recomputed forward ops, then the
   body's gradient ops."""
-  return (list(getattr(op, "recomputed_operations", ())) +
-          list(op.inner_operations))
+  return list(op.recomputed_operations) + list(op.inner_operations)
 
 
 def runs_per_step(operations, times=1):
@@ -180,26 +153,13 @@ def _aliased_input(op, index, graph_layout):
   a relayout (mtf.shard, layout_like) between equal layouts, and a
   reshape the layouts make local with nothing moved (a rename): their
   lowering hands the input's slices on (a view)."""
-  aliases = getattr(op, "output_aliases", None)
+  aliases = op.output_aliases
   if aliases:
     k = aliases.get(index)
     return None if k is None else op.inputs[k]
-  if not op.inputs or index:
+  if not op.inputs:
     return None
-  x, out = op.inputs[0], op.outputs[0]
-  if isinstance(op, annotations.ShardOperation) or isinstance(
-      op, annotations.LayoutLikeOperation):
-    same = (graph_layout.tensor_layout(x) ==
-            graph_layout.tensor_layout(out))
-    return x if same else None
-  if type(op).__name__ == "ReshapeOperation":
-    layout = graph_layout.op_layout(op)
-    if (graph_layout.tensor_layout(x) != layout.tensor_layout(x.shape) or
-        layout.slice_size(x.shape) != layout.slice_size(out.shape)):
-      return None
-    plan = layout.relayout_plan(x.shape, out.shape, x.dtype.size)
-    return None if plan.steps else x
-  return None
+  return op.view_input(index, graph_layout)
 
 
 class LoopHistory(object):
@@ -221,13 +181,13 @@ def _loop_buffers(op, start, graph_layout, position, fused=None):
   until the last backward loop reads them."""
   out = {}
   layout = graph_layout.op_layout(op)
-  carried = getattr(op, "loop_carried", ())
+  carried = op.loop_carried
   span, _ = _buffers(iteration_operations(op), graph_layout,
                      keep_until_end=carried, fused=fused)
   peak = _peak(span)
   if peak:
     out[("iteration", op)] = [start, start, peak]
-  grads = [g for g in getattr(op, "_grad_ops", ()) if g in position]
+  grads = [g for g in op.gradient_loops if g in position]
   if grads:
     states = sorted(set(i for g in grads for i in g.state_used))
     trips = loop_trips(op)

@@ -9,13 +9,17 @@ costs, and leaves out the small rest:
   an input laid out otherwise than its reader's computation layout is
     relaid by the MeshLayout's plan (its steps' collectives);
   a reshape runs the MeshLayout's reshape plan;
+  a shift along a split dim exchanges halos (Operation.permutes);
   a dim split in an input but absent from every output is summed over its
-    mesh axes: einsums, sum reductions and gathers leave the sum pending,
-    other reductions (max, min, ...) allreduce at once;
-  a pending sum is reduced where it is read: linear readers (negation,
-    scalar multiples, the bfloat16 -> float32 casts of gradients a loop
-    sums over its iterations, sums of sums over the same axes) keep it
-    pending when they are its only reader; a loop's sums over its
+    mesh axes: ops whose outputs are partial sums (Operation.sums_partials:
+    einsums, sum reductions, gathers, convolutions) leave the sum pending,
+    others allreduce at once (Operation.split_reduction: max, min, ...);
+  a pending sum is reduced where it is read: linear readers
+    (Operation.keeps_pending: negation, scalar multiples, renames, the
+    bfloat16 -> float32 casts of gradients a loop sums over its
+    iterations, sums of sums over the same axes; an op whose outputs are
+    its inputs' values) keep it pending when they are its only reader;
+    a loop's sums over its
     iterations stay pending past the loop (reduced once); a reader that
     splits a summed axis reduce-scatters; any other reader allreduces it
     (once);
@@ -41,12 +45,6 @@ from meshtf.layouts import relayout as relayout_lib
 from meshtf.lowering import bucketing
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.plan import accounting
-
-_LINEAR_UNARY = ("negative", "identity")
-# Operations whose partial sums may wait (their lowering makes a PendingSum).
-_SUMMING = ("EinsumOperation", "GatherOperation", "ScatterAddOperation",
-            "ConvOperation",
-            "ConvInputGradOperation", "ConvFilterGradOperation")
 
 
 class _Recorder(object):
@@ -80,8 +78,8 @@ class _Recorder(object):
 
   def add_plan(self, plan, reason=None):
     for s in plan.steps:
-      if s.kind in ("allconcat", "alltoall", "reduce_scatter"):
-        key = (s.kind, tuple(self._mesh_layout.mesh_axis_names(
+      if s.kind in relayout_lib.COLLECTIVE_STEPS:
+        key = (s.kind.value, tuple(self._mesh_layout.mesh_axis_names(
             relayout_lib.step_axes(s))), s.group_size, s.elements_per_device,
                s.bytes_per_device)
         if s.group_size > 1:
@@ -102,34 +100,20 @@ class _Recorder(object):
             for k, ready, needed in self.events]
 
 
-def _is_linear_reader(op, tensor, pending, layout):
-  """Whether op keeps tensor's pending sum pending (see the docstring)."""
-  name = type(op).__name__
-  if name == "ScalarMultiplyOperation" or _passes_through(op):
-    return True
-  if name == "CastOperation":   # one a loop's gradient sums (loops.py)
-    return op.sums_later and op.widens
-  if name == "ReshapeOperation":   # a local one (a rename)
-    out = op.outputs[0]
-    return all(s.kind == "reshape" for s in layout.relayout_plan(
-        tensor.shape, out.shape, tensor.dtype.size).steps)
-  if name == "UnaryOperation":
-    return getattr(op, "_kind", None) in _LINEAR_UNARY
-  if name == "BinaryOperation" and getattr(op, "_kind", None) in ("add",
-                                                                   "sub"):
-    x, y = op.inputs
-    out = op.outputs[0]
-    return (x in pending and y in pending and pending[x] == pending[y]
-            and x.shape == out.shape and y.shape == out.shape)
-  return False
+class _Linear(object):
+  """op.keeps_pending for op's inputs as the estimate holds them, asked
+  once (see the docstring)."""
 
+  def __init__(self, op, pending, layout):
+    self._op, self._pending, self._layout = op, pending, layout
+    self._answer = None
 
-def _passes_through(op):
-  """Whether op's outputs are some of its inputs, pending or not (a custom
-  gradient's outputs are its function's; a recomputation's copy of a kept
-  op gives the kept value): it reduces and moves nothing."""
-  return (getattr(op, "output_aliases", None) is not None and
-          type(op).__name__ != "DependOperation")
+  def __call__(self):
+    if self._answer is None:
+      axes = [tuple(self._pending[t]) if t in self._pending else None
+              for t in self._op.inputs]
+      self._answer = bool(self._op.keeps_pending(axes, self._layout))
+    return self._answer
 
 
 def _shares_rename_relay(t, new, graph_layout, pending, relaid):
@@ -151,13 +135,6 @@ def _shares_rename_relay(t, new, graph_layout, pending, relaid):
     return False
   relaid.update((c, new) for c in chain)
   return False
-
-
-def _sums_pending(op):
-  name = type(op).__name__
-  if name == "ReduceOperation":
-    return getattr(op, "_reduction", "SUM") == "SUM"
-  return name in _SUMMING
 
 
 def _bucket_plan(operations, graph_layout, bucket_bytes):
@@ -282,7 +259,7 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   # pending past it when their body tensor is pending: reduced once.
   loop_ends = collections.defaultdict(list)
   for op in everything:
-    if op.inner_operations and hasattr(op, "summed_outputs"):
+    if op.inner_operations and op.summed_outputs:
       inner = list(lowering_lib.all_operations(op.inner_operations))
       loop_ends[position[inner[-1]]].append(op)
   for op in everything:
@@ -309,35 +286,11 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   return rec.records()
 
 
-def _estimate_shift(op, layout, rec, reason=None):
-  """The collective permutes of a shift along a dim split evenly over one
-  mesh axis (ShiftOperation's halo exchange: with stripe s and offset
-  q * s + r, r elements from one neighbour and s - r from another); a
-  pipeline's buffer moves one stage each iteration this way."""
-  x = op.inputs[0]
-  n, offset = op._dim.size, op._offset  # pylint: disable=protected-access
-  if op._wrap:  # pylint: disable=protected-access
-    offset %= n
-  elif abs(offset) >= n:
-    return
-  split = layout.dim_split(x.shape, op._axis)  # pylint: disable=protected-access
-  if not offset or len(split.mesh_axes) != 1 or not split.is_even:
-    return
-  stripe = n // layout.axis_size(split.mesh_axis)
-  q, r = offset // stripe, offset % stripe
-  per_element = layout.slice_size(x.shape) // stripe
-  if r:
-    rec.add("permute", [split.mesh_axis], r * per_element, x.dtype.size,
-            reason)
-  if q:
-    rec.add("permute", [split.mesh_axis], (stripe - r if r else stripe) *
-            per_element, x.dtype.size, reason)
-
-
 def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
                  relaid, reduce_now, span):
   """The collectives lowering op emits (estimate_collectives' rules)."""
   layout = graph_layout.op_layout(op)
+  linear = _Linear(op, pending, layout)
   keeps = set()
   for t in dict.fromkeys(op.inputs):
     rec.span = span(t, op)
@@ -361,7 +314,7 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
           rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
                   t.dtype.size, why)
           continue
-      if readers[t] == 1 and _is_linear_reader(op, t, pending, layout):
+      if readers[t] == 1 and linear():
         keeps.add(t)
         continue
       reduce_now(t, op)
@@ -369,26 +322,34 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
       rec.add_plan(plan, reasons_lib.relayout(graph_layout, op, t))
   if op.inner_operations:
     return   # a loop: its body's ops are estimated one by one
-  if type(op).__name__ == "DependOperation":
-    return   # its inputs read (pending sums reduced); it computes nothing
-  if _passes_through(op):
-    for k, i in op.output_aliases.items():
-      source = op.inputs[i]
-      if source in pending and source not in reduced:
-        pending[op.outputs[k]] = pending[source]
+  if op.output_aliases is not None:
+    # Its outputs are some of its inputs: pending or not where it passes
+    # pending sums through (a custom gradient's outputs are its
+    # function's; a recomputation's copy of a kept op gives the kept
+    # value), else read reduced (depend). It computes and moves nothing.
+    if linear():
+      for k, i in op.output_aliases.items():
+        source = op.inputs[i]
+        if source in pending and source not in reduced:
+          pending[op.outputs[k]] = pending[source]
     return
-  if type(op).__name__ == "ShiftOperation":
-    _estimate_shift(op, layout, rec, reasons_lib.computes(graph_layout, op))
-    return
-  if type(op).__name__ == "ReshapeOperation" and not keeps:
-    x, out = op.inputs[0], op.outputs[0]
-    rec.span = span(x, op)
-    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size),
-                 reasons_lib.computes(graph_layout, op, "reshape"))
+  halo = op.permutes(layout)
+  if halo is not None:
+    x = op.inputs[0]
+    for mesh_axis, elements in halo:
+      rec.add("permute", [mesh_axis], elements, x.dtype.size,
+              reasons_lib.computes(graph_layout, op))
     return
   if keeps:
     for out in op.outputs:
       pending[out] = pending[next(iter(keeps))]
+    return
+  if op.reshapes:
+    x, out = op.inputs[0], op.outputs[0]
+    rec.span = span(x, op)
+    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size),
+                 reasons_lib.computes(graph_layout, op,
+                                      reasons_lib.Cause.RESHAPE))
     return
   if not op.inputs or not op.outputs:
     return
@@ -402,11 +363,11 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
   axes = sorted(in_axes - out_axes)
   if not axes:
     return
-  if _sums_pending(op):
+  if op.sums_partials:
     for out in op.outputs:
       pending[out] = axes
   else:
-    kind = "allreduce_" + str(getattr(op, "_reduction", "max")).lower()
+    kind = "allreduce_" + op.split_reduction.lower()
     here = span(op.inputs[0], op)[1]
     rec.span = (here, here + 1)
     for out in op.outputs:

@@ -5,7 +5,8 @@ Where XLA compiles the program (hardware compiler "xla": TPU; GPUs with
 jit_compile), chains of elementwise ops are fused: a fused kernel reads
 the tensors that enter it and writes the tensors that leave it, once each;
 what stays inside costs no memory traffic. Which ops fuse, as XLA's loop
-and input fusion do it (stated assumptions):
+and input fusion do it (stated assumptions; each op declares its kind,
+Operation.cost_kind, meshtf/op_kinds.py):
 
   fusible     elementwise, broadcast, cast, scalar ops, one-hots, ranges,
               fills, random numbers, reshapes, slices / pads / concats,
@@ -53,65 +54,11 @@ Example:
 """
 import collections
 
-from meshtf import shapes
 from meshtf.lowering import lowering as lowering_lib
+from meshtf.op_kinds import CostKind
 from meshtf.plan import accounting
 
-_FUSIBLE = frozenset([
-    "BinaryOperation", "BinaryOpWithBroadcasting", "UnaryOperation",
-    "ScalarMultiplyOperation", "ScalarAddOperation", "CastOperation",
-    "BroadcastOperation", "WhereOperation", "OneHotOperation",
-    "RangeOperation", "FillOperation", "StopGradientOperation",
-    "RandomOperation", "StepRandomUniformOperation", "ReshapeOperation",
-    "SliceOperation", "PadOperation", "ConcatOperation", "SplitOperation",
-    "StackOperation", "UnstackOperation", "TransposeOperation",
-    "GatherOperation", "ShardOperation", "LayoutLikeOperation",
-    "AssignOperation", "DependOperation", "ShiftOperation"])
-_REDUCING = frozenset(["ReduceOperation", "CumsumOperation"])
-_FREE = frozenset(["Variable", "ReadVariableOperation", "ImportOperation",
-                   "ImportSlicesOperation", "ImportLaidOutTensorOperation",
-                   "ConstantOperation"])
-
-
-def _kind(op):
-  name = type(op).__name__
-  if name in _FREE:
-    return "free"
-  if name == "EinsumOperation":
-    return "reducing" if len(op.inputs) == 1 else "kernel"
-  if name in _REDUCING:
-    return "reducing"
-  if name in _FUSIBLE:
-    return "fusible"
-  return "kernel"
-
-
-def _tile(n, tile):
-  return -(-n // tile) * tile if tile else n
-
-
-def einsum_flops(op, layout, tile=0):
-  """Flops of a two-operand einsum on its local slices, with the
-  contracted size and the stationary operand's free size padded to the
-  matrix unit's `tile` (0: unpadded; see the module docstring)."""
-  x, y = op.inputs[0].shape, op.inputs[1].shape
-  out = set(op.outputs[0].shape.dimension_names)
-  xs, ys = set(x.dimension_names), set(y.dimension_names)
-  size = {d.name: layout.slice_size(shapes.Shape([d]))
-          for d in op._all_dims.dims}  # pylint: disable=protected-access
-  def prod(names):
-    v = 1
-    for n in names:
-      v *= size[n]
-    return v
-  batch = prod(n for n in size if n in xs and n in ys and n in out)
-  k = prod(n for n in size if n not in out)
-  m = prod(n for n in size if n in xs and n not in ys and n in out)
-  n_ = prod(n for n in size if n in ys and n not in xs and n in out)
-  if not tile:
-    return 2 * batch * m * k * n_
-  return 2 * batch * _tile(k, tile) * min(m * _tile(n_, tile),
-                                          _tile(m, tile) * n_)
+_FUSES = (CostKind.FUSIBLE, CostKind.REDUCING)
 
 
 def _roofline(flops, nbytes, hw):
@@ -134,8 +81,8 @@ def op_seconds(operations, graph_layout, hw, costs=None):
   if hw.compiler != "xla":
     # One launch per run; a loop's sums add one kernel per iteration each.
     seconds = {op: _roofline(c.flops, c.bytes, hw) + (
-        hw.kernel_overhead * times.get(op, 1) if _kind(op) != "free"
-        else 0.0) for op, c in costs.items()}
+        hw.kernel_overhead * times.get(op, 1)
+        if op.cost_kind is not CostKind.FREE else 0.0) for op, c in costs.items()}
     for loop, sums in _loop_sums(ops, graph_layout, times).items():
       for total in sums:
         seconds[loop] = seconds.get(loop, 0.0) + _roofline(
@@ -158,7 +105,7 @@ def _loop_sums(ops, graph_layout, times):
   writes the accumulator (acc_bytes a step each way)."""
   out = {}
   for op in ops:
-    summed = getattr(op, "summed_outputs", None)
+    summed = op.summed_outputs
     if not summed or not op.inner_operations:
       continue
     runs = times.get(op, 1) * accounting.loop_trips(op)
@@ -178,7 +125,7 @@ class _Fusions(object):
   def __init__(self, ops, graph_layout):
     self.index = {op: i for i, op in enumerate(ops)}
     self.parent = list(range(len(ops)))
-    self.kinds = [_kind(op) for op in ops]
+    self.kinds = [op.cost_kind for op in ops]
     self.graph_layout = graph_layout
     self._relaid = {}
     stage_out = [0] * len(ops)
@@ -193,10 +140,10 @@ class _Fusions(object):
         stage = max(stage, stage_out[p] + (1 if relaid else 0))
         producers.append((p, relaid))
       kind = self.kinds[i]
-      stage_out[i] = stage + (0 if kind == "fusible" else 1)
-      if kind in ("fusible", "reducing"):
+      stage_out[i] = stage + (0 if kind is CostKind.FUSIBLE else 1)
+      if kind in _FUSES:
         for p, relaid in producers:
-          if (not relaid and self.kinds[p] == "fusible" and
+          if (not relaid and self.kinds[p] is CostKind.FUSIBLE and
               stage_out[p] == stage):
             self.union(p, i)
 
@@ -275,25 +222,24 @@ def _kernels(ops, graph_layout, hw, costs, times=None, recompute=True):
   for root, group in members.items():
     group_ops = [ops[i] for i in group]
     kind = f.kinds[root]
-    if len(group) == 1 and kind in ("free",):
+    if len(group) == 1 and kind is CostKind.FREE:
       out.append(Kernel(group_ops, "free", 0, 0, {}, {}))
       continue
-    if len(group) == 1 and kind == "kernel":
+    if len(group) == 1 and kind is CostKind.KERNEL:
       op = group_ops[0]
       c = costs[op]
       flops = c.flops
-      if type(op).__name__ == "EinsumOperation" and hw.matmul_tile:
-        flops = einsum_flops(op, graph_layout.op_layout(op),
-                             hw.matmul_tile) * times.get(op, 1)
+      if op.matrix_unit and hw.matmul_tile:
+        flops = op.flops(graph_layout.op_layout(op),
+                         hw.matmul_tile) * times.get(op, 1)
       layout = graph_layout.op_layout(op)
       n = times.get(op, 1)
       reads = {t: layout.slice_size(t.shape) * t.dtype.size * n
                for t in op.inputs}
       writes = {t: layout.slice_size(t.shape) * t.dtype.size * n
                 for t in op.outputs}
-      out.append(Kernel(group_ops, "einsum" if type(op).__name__ ==
-                        "EinsumOperation" else "kernel", flops, c.bytes,
-                        reads, writes))
+      out.append(Kernel(group_ops, "einsum" if op.matrix_unit else "kernel",
+                        flops, c.bytes, reads, writes))
       continue
     inside = set(group_ops)
     reads, writes = {}, {}
@@ -375,11 +321,6 @@ def _fused_seconds(ops, graph_layout, hw, costs, times=None,
   return dict(seconds)
 
 
-_ELEMENTWISE = frozenset([
-    "BinaryOperation", "BinaryOpWithBroadcasting", "UnaryOperation",
-    "ScalarMultiplyOperation", "ScalarAddOperation", "CastOperation"])
-
-
 def _recomputed_tails(ops, f, readers, graph_layout):
   """{tensor: (tensors its readers read instead)}: XLA's duplication of
   effectively unary producers (module docstring). A fused kernel's output
@@ -390,14 +331,14 @@ def _recomputed_tails(ops, f, readers, graph_layout):
   outside is itself fusible or reducing, laid out alike (no relayout)."""
   out = {}
   for op in ops:
-    if type(op).__name__ not in _ELEMENTWISE:
+    if not op.elementwise:
       continue
     group = f.find(f.index[op])
     for t in op.outputs:
       outside = [r for r in readers.get(t, ())
                  if f.find(f.index[r]) != group]
       if not outside or any(
-          f.kinds[f.index[r]] not in ("fusible", "reducing") or
+          f.kinds[f.index[r]] not in _FUSES or
           f.relaid(t, r) for r in outside):
         continue
       sources = _unary_chain(t, group, f, graph_layout)
@@ -418,7 +359,7 @@ def _unary_chain(t, group, f, graph_layout):
         (reader is not None and f.relaid(t, reader))):
       sources.append(t)
       return tuple(dict.fromkeys(sources))
-    if type(op).__name__ not in _ELEMENTWISE:
+    if not op.elementwise:
       return None
     layout = graph_layout.op_layout(op)
     size = layout.slice_size(t.shape)

@@ -110,3 +110,22 @@ def test_gspmd_2d_finalized_tiny_annotated():
   assert traced and estimated == traced, (
       "estimated-only %s\ntraced-only %s" % (estimated - traced,
                                              traced - estimated))
+
+
+@pytest.mark.parametrize("reader", [
+    lambda t: mtf.negative(t),
+    lambda t: mtf.cumsum(t, "e"),
+], ids=["negative", "cumsum"])
+def test_linear_readers_keep_sums_pending_as_lowered(reader):
+  """Operation.keeps_pending, which the lowering and the estimate both
+  ask: two partial sums read by linear ops and added stay pending, one
+  allreduce at the export; the estimate equals the traced program."""
+  graph = mtf.Graph()
+  mesh = mtf.Mesh(graph, "m")
+  x = mtf.zeros(mesh, "b:4;d:8")
+  parts = [mtf.einsum([x, mtf.zeros(mesh, "d:8;e:6")],
+                      output_shape="b:4;e:6") for _ in range(2)]
+  reader(parts[0]) + reader(parts[1])  # pylint: disable=expression-not-assigned
+  traced, estimated = _both(graph, mtf.MeshLayout("x:2", "d:x"))
+  assert sum(traced.values()) == 1
+  assert estimated == traced

@@ -111,8 +111,8 @@ def test_einsums_pad_to_the_matrix_units_tile():
   graph, gl, y = _graph(build)
   op = y.operation
   layout = gl.op_layout(op)
-  assert fusion.einsum_flops(op, layout) == 2 * 64 * 64 * 256
-  assert fusion.einsum_flops(op, layout, 128) == 2 * 64 * 128 * 256
+  assert op.flops(layout) == 2 * 64 * 64 * 256
+  assert op.flops(layout, 128) == 2 * 64 * 128 * 256
 
 
 def test_collectives_overlap_the_compute_that_does_not_need_them():

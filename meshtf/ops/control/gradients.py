@@ -11,6 +11,7 @@ import copy
 
 from meshtf import autodiff
 from meshtf import graph as graph_lib
+from meshtf.op_kinds import CostKind
 from meshtf.ops.control.loops import WhileLoopOperation
 from meshtf.ops.control.subgraphs import _capture
 from meshtf.ops.control.subgraphs import _is_source
@@ -33,6 +34,9 @@ class CustomGradientOperation(graph_lib.Operation):
   """
 
   takes_missing_output_grads = True
+  # Priced as a kernel of no flops and no bytes (op_cost: every output is
+  # an alias).
+  cost_kind = CostKind.KERNEL
 
   def __init__(self, explicit_inputs, all_inputs, fn_outputs, grad_fn,
                forward_operations, name=None, check_internals=True):
@@ -55,6 +59,10 @@ class CustomGradientOperation(graph_lib.Operation):
   output_aliases = property(lambda self: {
       i: self._n_all + i for i in range(len(self._outputs))})
   explicit_inputs = property(lambda self: self._inputs[:self._n_explicit])
+
+  def keeps_pending(self, pending_axes, layout):
+    """Its outputs are its function's values, pending sums or not."""
+    return True
   fn_outputs = property(lambda self: self._inputs[self._n_all:])
 
   def lower(self, lowering):
@@ -140,6 +148,19 @@ class _KeptMixin(object):
   (recompute_grad's keep=): it computes nothing -- its outputs are the
   kept values, its last inputs -- but differentiates as the original on
   the recomputed operands, its first inputs."""
+
+  # It computes nothing, whatever the original does: priced as a kernel of
+  # no flops and no bytes (op_cost: every output is an alias), none of the
+  # original's plan facts.
+  cost_kind = CostKind.KERNEL
+  sums_partials = False
+  elementwise = False
+  matrix_unit = False
+  reshapes = False
+
+  def keeps_pending(self, pending_axes, layout):
+    """Its outputs are the kept values, pending sums or not."""
+    return True
 
   def lower(self, lowering):
     for out, kept in zip(self._outputs, self._inputs[self._n_operands:]):

@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from meshtf import autodiff
 from meshtf import graph as graph_lib
+from meshtf.op_kinds import CostKind
 from meshtf.ops.control.subgraphs import _Parameters
 from meshtf.ops.control.subgraphs import _capture
 from meshtf.ops.control.subgraphs import _hoist_sources
@@ -50,6 +51,8 @@ class WhileLoopOperation(graph_lib.Operation):
   zero) and becomes an extra output; a sum still pending (e.g. an einsum
   over a split dim) is reduced once after the loop, not per iteration.
   """
+
+  cost_kind = CostKind.KERNEL
 
   def __init__(self, cond_fn, body_fn, inputs, tf_kwargs=None,
                has_accumulators=False, name=None):
@@ -118,6 +121,9 @@ class WhileLoopOperation(graph_lib.Operation):
                      for i, t in enumerate(fixed)]
 
   num_loop_vars = property(lambda self: self._n)
+  # The backward loops mtf.gradients made of this one (each reads the
+  # recorded states its state_used names).
+  gradient_loops = property(lambda self: list(self._grad_ops))
 
   @property
   def trip_count(self):
@@ -230,6 +236,8 @@ class WhileLoopGradOperation(graph_lib.Operation):
   body's meshtf gradient (a vector-Jacobian product); it carries the loop
   variables' cotangents and sums the gradients of the outside tensors
   (pending sums stay unreduced until after the loop)."""
+
+  cost_kind = CostKind.KERNEL
 
   def __init__(self, forward, grad_ys):
     graph, mesh = forward.graph, forward.mesh
@@ -389,11 +397,11 @@ def _sum_after_widening(t, depth=0):
   gradient the backward loop sums over the iterations, directly or through
   adds: their partial sums stay pending into the loop's float32 sum, which
   is reduced once after the loop (not once per iteration, in bfloat16)."""
+  from meshtf.ops import elementwise
   op = t.operation
-  name = type(op).__name__
-  if name == "CastOperation" and op.widens:
+  if isinstance(op, elementwise.CastOperation) and op.widens:
     op.sums_later = True
-  elif (name == "BinaryOperation" and getattr(op, "_kind", None) == "add"
+  elif (isinstance(op, elementwise.BinaryOperation) and op.kind == "add"
         and depth < 16):
     for x in op.inputs:
       _sum_after_widening(x, depth + 1)

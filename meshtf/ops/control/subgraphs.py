@@ -14,6 +14,7 @@ from tensorflow.core.framework import attr_value_pb2
 
 from meshtf import graph as graph_lib
 from meshtf.lowering import pending as pending_lib
+from meshtf.op_kinds import CostKind
 
 
 # --- sub-graph helpers -------------------------------------------------------
@@ -21,6 +22,9 @@ class _Parameters(graph_lib.Operation):
   """Placeholders for values a sub-graph receives when it is lowered (a
   loop's state, a cotangent). Not in graph.operations: the op owning the
   sub-graph binds lowering.tensors[t] before lowering the sub-graph."""
+
+  # Never lowered nor planned: the op owning the sub-graph binds them.
+  cost_kind = CostKind.FREE
 
   def __init__(self, like, mesh, name):
     super().__init__([], mesh=mesh, name=name)
