@@ -38,12 +38,15 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+from meshtf.train.launch import free_ports  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = ["--config=" + os.path.join(ROOT, "t2t_configs", "lm_tiny.py"),
@@ -52,16 +55,6 @@ FLAGS = ["--config=" + os.path.join(ROOT, "t2t_configs", "lm_tiny.py"),
          "--config.checkpoint_every=5", "--config.eval_every=0",
          "--config.eval_steps=1", "--config.log_every=1"]
 SCENARIOS = ("kill", "kill_chief", "term", "stop", "stop_chief", "agreement")
-
-
-def free_ports(n):
-  socks = [socket.socket() for _ in range(n)]
-  for s in socks:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in socks]
-  for s in socks:
-    s.close()
-  return ports
 
 
 def env():

@@ -1,7 +1,6 @@
 """Test setup: 8 virtual CPU devices, configured before TensorFlow starts."""
 import importlib.util
 import os
-import socket
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -30,11 +29,7 @@ def load_file(path, name):
 
 
 def free_ports(n):
-  """n TCP ports free on 127.0.0.1 now (for multi-worker tests)."""
-  socks = [socket.socket() for _ in range(n)]
-  for s in socks:
-    s.bind(("127.0.0.1", 0))
-  ports = [s.getsockname()[1] for s in socks]
-  for s in socks:
-    s.close()
-  return ports
+  """n TCP ports free on 127.0.0.1 now (for multi-worker tests): the
+  launcher's own picker."""
+  from meshtf.train import launch
+  return launch.free_ports(n)
