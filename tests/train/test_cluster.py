@@ -13,7 +13,10 @@ smaller, 12 steps):
   uninterrupted one-process run's;
 - SIGTERM to one worker: both stop after the same step, the chief saves it,
   both exit 143 with one line; resumed as ONE process, the losses equal
-  the uninterrupted run's.
+  the uninterrupted run's;
+- streamed text: the chief's checkpoint holds both workers' input
+  positions, from which one process resumes with the uninterrupted run's
+  losses.
 
 The exhaustive scenarios (4 workers, SIGKILL at random steps, SIGSTOP,
 resumes as 2 and 1) are bench/cluster_faults.py's.
@@ -257,3 +260,39 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_then_one_process_resumes(
   assert main.run_command(["meshtf.train", "--model_dir=%s" % model_dir] +
                           FLAGS, out=open(os.devnull, "w")) == 0
   _assert_same_losses(model_dir, reference)
+
+
+def test_text_data_positions_gathered_from_two_workers_resume_in_one(
+    tmp_path):
+  """Streamed text on 2 real workers (each reads only its rows' lanes):
+  the chief's ckpt-4 holds every lane's position, the workers' gathered
+  (meshtf/train/streams.py); one process resumes there without reading the
+  data again from its start, and its losses are the uninterrupted one-process
+  run's."""
+  text = ["--config.task.data_files=" + os.path.join(ROOT, "README.md"),
+          "--config.vocab_size=256", "--train_steps=4"]
+  model_dir = tmp_path / "two"
+  hosts = ["127.0.0.1:%d" % p for p in free_ports(2)]
+  procs = [_Proc(_binary(model_dir, hosts, t, *text)) for t in range(2)]
+  try:
+    codes = [p.finish() for p in procs]
+  finally:
+    for p in procs:
+      if p.proc.poll() is None:
+        p.proc.kill()
+  assert codes == [0, 0], [p.errors() for p in procs]
+  with open(str(model_dir / "ckpt-4" / "meta.json")) as f:
+    lanes = json.load(f)["extra"]["input"]["lanes"]
+  assert sorted(map(int, lanes)) == list(range(16))   # both workers' rows
+  on = FLAGS + text[:2] + ["--train_steps=8"]
+  out = io.StringIO()
+  assert main.run_command(["meshtf.train", "--model_dir=%s" % model_dir] + on,
+                          out=out) == 0
+  assert "input:" not in out.getvalue()   # the positions were used
+  straight = tmp_path / "one"
+  assert main.run_command(["meshtf.train", "--model_dir=%s" % straight] + on,
+                          out=open(os.devnull, "w")) == 0
+  got, want = _metrics(model_dir), _metrics(straight)
+  assert [r["step"] for r in got] == list(range(8))
+  for g, w in zip(got, want):
+    assert g["loss"] == pytest.approx(w["loss"], rel=1e-5), g["step"]
