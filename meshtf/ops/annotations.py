@@ -60,6 +60,11 @@ class _Relayout(graph_lib.Operation):
   def gradient(self, grad_ys):
     return [LayoutLikeOperation(grad_ys[0], self._inputs[0]).outputs[0]]
 
+  def keeps_pending(self, pending_axes, layout):
+    """An identity: a pending sum read in its own layout stays pending
+    (one the new layout relays is reduced by the relayout first)."""
+    return True
+
   def view_input(self, index, graph_layout):
     """x, where graph_layout lays the output out as x: nothing moves."""
     x, out = self._inputs[0], self._outputs[0]

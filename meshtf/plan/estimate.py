@@ -18,7 +18,8 @@ costs, and leaves out the small rest:
     (Operation.keeps_pending: negation, scalar multiples, renames, the
     bfloat16 -> float32 casts of gradients a loop sums over its
     iterations, sums of sums over the same axes; an op whose outputs are
-    its inputs' values) keep it pending when they are its only reader;
+    its inputs' values) keep it pending when they are its only reader
+    and read it in its own layout;
     a loop's sums over its
     iterations stay pending past the loop (reduced once); a reader that
     splits a summed axis reduce-scatters; any other reader allreduces it
@@ -314,7 +315,8 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
           rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
                   t.dtype.size, why)
           continue
-      if readers[t] == 1 and linear():
+      # A relayout reduces it first (the lowering's _relay_to).
+      if plan is None and readers[t] == 1 and linear():
         keeps.add(t)
         continue
       reduce_now(t, op)

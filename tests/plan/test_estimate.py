@@ -112,20 +112,25 @@ def test_gspmd_2d_finalized_tiny_annotated():
                                              traced - estimated))
 
 
-@pytest.mark.parametrize("reader", [
-    lambda t: mtf.negative(t),
-    lambda t: mtf.cumsum(t, "e"),
-], ids=["negative", "cumsum"])
-def test_linear_readers_keep_sums_pending_as_lowered(reader):
+@pytest.mark.parametrize("reader,mesh_shape,allreduces", [
+    (lambda t: mtf.negative(t), "x:2", 1),
+    (lambda t: mtf.cumsum(t, "e"), "x:2", 1),
+    (lambda t: mtf.shard(t, ""), "x:2", 1),   # t's own layout: not relaid
+    # Relaid (b split over y, the sum pending over x): reduced first.
+    (lambda t: mtf.shard(mtf.shard(t, ""), "b:y"), "x:2;y:2", 2),
+], ids=["negative", "cumsum", "shard", "shard_relaid"])
+def test_linear_readers_keep_sums_pending_as_lowered(reader, mesh_shape,
+                                                     allreduces):
   """Operation.keeps_pending, which the lowering and the estimate both
   ask: two partial sums read by linear ops and added stay pending, one
-  allreduce at the export; the estimate equals the traced program."""
+  allreduce at the export, unless a relayout reduces each first; the
+  estimate equals the traced program."""
   graph = mtf.Graph()
   mesh = mtf.Mesh(graph, "m")
   x = mtf.zeros(mesh, "b:4;d:8")
   parts = [mtf.einsum([x, mtf.zeros(mesh, "d:8;e:6")],
                       output_shape="b:4;e:6") for _ in range(2)]
   reader(parts[0]) + reader(parts[1])  # pylint: disable=expression-not-assigned
-  traced, estimated = _both(graph, mtf.MeshLayout("x:2", "d:x"))
-  assert sum(traced.values()) == 1
+  traced, estimated = _both(graph, mtf.MeshLayout(mesh_shape, "d:x"))
+  assert sum(traced.values()) == allreduces
   assert estimated == traced
