@@ -81,3 +81,22 @@ def test_training_builds_the_symbolic_graph_once(tmp_path, calls):
              "--config.checkpoint_every=2", "--config.stop_at_target=False")
   assert "parameters" in out and "done: step 2" in out
   assert calls == {"build_step": 2, "assign_layouts": 3}
+
+
+def test_the_experiment_keeps_what_it_built_from_the_config():
+  from meshtf.train import config as config_lib
+  from meshtf.train import experiment
+  c = config_lib.default_config()
+  c.num_layers, c.jit_compile = 1, "segments"
+  c.activation_layout = "batch:data"
+  layout = config_lib.mesh_layout(c)
+  exp = experiment.Experiment(c, layout)
+  # activation_layout: parsed once, with the mesh layout; the model keeps
+  # that object.
+  assert exp.model.activation_layout is layout.activation_rules
+  assert exp.training_graph() is exp.training_graph()
+  assert exp.graph_layout() is exp.graph_layout()
+  assert exp.program_options.jit_compile == "segments"
+  assert exp.program_options.communication_hint is None
+  assert exp.parameter_counts() == experiment.parameter_counts(
+      exp.training_graph()[0], layout)
