@@ -11,6 +11,10 @@ in each tree (a checkout of another commit) per round: an interleaved A/B.
   python bench/plan_mode.py                       # each case once
   python bench/plan_mode.py --trees=before=/tmp/main,after=. --rounds=2
   python bench/plan_mode.py --cases=gspmd_64B_16x32 --rounds=3
+  python bench/plan_mode.py --phases --rounds=2
+      # in this process instead: the CPU seconds of one build of the
+      # symbolic training graph and of one completion of its layouts (what
+      # each call --mode=plan no longer makes saved; no binary started)
 
 One JSON object per measurement ({"bench": "plan_mode", ...}), then one
 summary object per case and tree (median, min, max) with --rounds > 1.
@@ -61,6 +65,28 @@ def measure(tree, config):
                    if proc.returncode else None}
 
 
+def phases(config_spec):
+  """{"build_cpu_s", "complete_cpu_s"}: process CPU seconds of one build of
+  the config's symbolic training graph (experiment.build_training_graph)
+  and of one completion of its layouts (MeshLayout.assign), here."""
+  sys.path.insert(0, ROOT)
+  from meshtf.lowering import lowering as lowering_lib
+  from meshtf.train import config as config_lib
+  from meshtf.train import experiment
+  path, row = config_spec.split(":")
+  config = config_lib.load_file(os.path.join(ROOT, path), row)
+  layout = config_lib.mesh_layout(config)
+  t = time.process_time()
+  graph, _ = experiment.build_training_graph(config, layout)
+  build = time.process_time() - t
+  operations = list(lowering_lib.all_operations(graph.operations))
+  t = time.process_time()
+  layout.assign(operations)
+  return {"build_cpu_s": round(build, 3),
+          "complete_cpu_s": round(time.process_time() - t, 3),
+          "operations": len(operations)}
+
+
 def _commit(tree):
   try:
     return subprocess.run(["git", "-C", tree, "rev-parse", "--short",
@@ -76,7 +102,18 @@ def main():
   parser.add_argument("--trees", default="this=.",
                       help="label=path,...: the checkouts to compare")
   parser.add_argument("--rounds", type=int, default=1)
+  parser.add_argument("--phases", action="store_true",
+                      help="time one build and one completion in-process")
   args = parser.parse_args()
+  if args.phases:
+    for r in range(args.rounds):
+      for name in args.cases.split(","):
+        m = phases(CASES[name])
+        m.update(bench="plan_mode", phases=True, case=name, round=r,
+                 config=CASES[name], commit=_commit(ROOT),
+                 cpus=os.cpu_count(), host=platform.node())
+        print(json.dumps(m, sort_keys=True), flush=True)
+    return
   trees = [t.split("=", 1) for t in args.trees.split(",")]
   trees = [(label, os.path.abspath(path)) for label, path in trees]
   cases = args.cases.split(",")
