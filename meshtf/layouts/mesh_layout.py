@@ -115,6 +115,11 @@ class MeshLayout(object):
     mesh_shape: a Shape or string, e.g. "rows:2;cols:4".
     layout_rules: LayoutRules, or a string / dict / pair list for
       convert_to_layout_rules, e.g. "batch:rows;hidden:cols".
+    variable_rules: the stored layout of variables (see variable_rules).
+    activation_rules: the rules of a model's activation annotations
+      (mtf.shard at each layer's output; a training config's
+      activation_layout), parsed and checked against the mesh once here;
+      the model reads them from this object (None: no annotations).
 
   Raises LayoutError (naming the rule, the axis and the fix) when a rule
   names an axis the mesh lacks or the mesh has a size below 1; rules made
@@ -131,7 +136,8 @@ class MeshLayout(object):
   default rules name dims many models lack).
   """
 
-  def __init__(self, mesh_shape, layout_rules=None, variable_rules=None):
+  def __init__(self, mesh_shape, layout_rules=None, variable_rules=None,
+               activation_rules=None):
     self._mesh = shapes.convert_to_shape(mesh_shape)
     for d in self._mesh.dims:
       if d.size < 1:
@@ -154,6 +160,11 @@ class MeshLayout(object):
       if given.absent_axes == "error":
         self._checked_rules.append((self._variable_rules,
                                     "variable layout rule"))
+    self._activation_rules = None
+    if activation_rules is not None:
+      self._activation_rules = rules_lib.convert_to_layout_rules(
+          activation_rules)
+      rules_lib.validate_layout_rules(self._activation_rules, self._mesh)
     self._axis_of_name = {d.name: i for i, d in enumerate(self._mesh.dims)}
     # Dims a rule may name though the graph being lowered lacks them.
     self._expected_dims = set()
@@ -184,6 +195,8 @@ class MeshLayout(object):
   # weight-update sharding: "d_model:data" while activations split batch.
   # Tried before the rules, per variable (meshtf/layouts/assignment.py).
   variable_rules = property(lambda self: self._variable_rules)
+  # The activation annotations' rules, or None (see the class docstring).
+  activation_rules = property(lambda self: self._activation_rules)
 
   def with_rules(self, layout_rules):
     """A MeshLayout on the same mesh with other rules (no variable rules),

@@ -121,10 +121,14 @@ class Lowering(object):
       bucket for the pending sums of a group (the gradients of
       mtf.gradients, mtf.reduce_together): see meshtf/lowering/bucketing.py.
       None: 1 MiB; 0: off (each sum reduced where it is read).
+    graph_layout: the GraphLayout of a one-mesh graph the caller completed
+      already (its impl's mesh_layout.assign of the graph's operations),
+      used as it is (see validate_layouts).
   """
 
   def __init__(self, graph, mesh_to_impl, variable_store=None, autostack=False,
-               outputs=None, launch=True, bucket_bytes=None):
+               outputs=None, launch=True, bucket_bytes=None,
+               graph_layout=None):
     del autostack  # Mesh TensorFlow's option; variables are per slice here.
     self.bucket_bytes = bucketing.check_bucket_bytes(bucket_bytes)
     self.graph = graph
@@ -141,7 +145,7 @@ class Lowering(object):
     self._lowered_operations = set(every_op)
     self._consumers = collections.Counter(
         t for op in every_op for t in op.inputs)
-    self.validate_layouts()
+    self.validate_layouts(graph_layout)
     self._bucketer = bucketing.Bucketer(self, self.bucket_bytes, every_op,
                                         PendingSum)
     for impl in self.mesh_to_impl.values():
@@ -172,19 +176,26 @@ class Lowering(object):
                            m.name for m in self.mesh_to_impl))
     return program[0]
 
-  def validate_layouts(self):
+  def validate_layouts(self, graph_layout=None):
     """Computes every tensor's layout (annotations and their propagation
     included); raises LayoutError on the first bad one, before any
     TensorFlow op is created (MeshLayout.assign, which the training
     binary's preflight runs too). A layout rule naming a dim no tensor of
-    the graph has is a LayoutError too (MeshLayout.check_rule_dims)."""
+    the graph has is a LayoutError too (MeshLayout.check_rule_dims).
+    graph_layout: the one mesh's GraphLayout when the caller completed it
+    already (its mesh layout's assign of these operations: --mode=plan's
+    preflight), kept instead of completing it again."""
     by_mesh = collections.OrderedDict()
     for op in all_operations(self.graph.operations):
       by_mesh.setdefault(op.mesh, []).append(op)
     for mesh, ops in by_mesh.items():
       self.mesh_impl(mesh).mesh_layout.check_rule_dims(ops)
+    if graph_layout is not None and len(by_mesh) != 1:
+      raise ValueError("Lowering: graph_layout is one mesh's, but the graph "
+                       "has %d meshes: leave it None" % len(by_mesh))
     self._graph_layouts = {
-        mesh: self.mesh_impl(mesh).mesh_layout.assign(ops)
+        mesh: graph_layout if graph_layout is not None else
+        self.mesh_impl(mesh).mesh_layout.assign(ops)
         for mesh, ops in by_mesh.items()}
 
   @property

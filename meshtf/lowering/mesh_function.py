@@ -27,8 +27,8 @@ import tensorflow as tf
 from meshtf import graph as graph_lib
 from meshtf.lowering import grappler as grappler_lib
 from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import program_options as program_options_lib
 from meshtf.lowering import simd
-from meshtf.lowering import simd_collectives
 from meshtf.lowering import variables as variables_lib
 
 
@@ -47,21 +47,21 @@ class MeshFunction(object):
     communication_hint, jit_compile, grappler: the SPMD backend's program
       options for this function's traces and calls (see SimdMeshImpl);
       None: the impl's.
+    options: the three as one checked ProgramOptions, instead of the
+      keywords.
   """
 
   def __init__(self, build_fn, mesh_impl, variable_store=None, seed=0,
                use_tf_function=True, mesh_name="mesh", bucket_bytes=None,
-               communication_hint=None, jit_compile=None, grappler=None):
+               communication_hint=None, jit_compile=None, grappler=None,
+               options=None):
     self._bucket_bytes = lowering_lib.bucketing.check_bucket_bytes(
         bucket_bytes)
-    self._program_options = dict(
-        communication_hint=simd_collectives.check_communication_hint(
-            communication_hint, "MeshFunction"),
-        jit_compile=simd_collectives.check_jit_compile(
-            jit_compile, "MeshFunction"),
-        grappler=grappler_lib.check_grappler(grappler, "MeshFunction"))
-    if (any(v is not None for v in self._program_options.values()) and
-        not mesh_impl.is_spmd):
+    if options is None:
+      options = program_options_lib.ProgramOptions.checked(
+          "MeshFunction", communication_hint, jit_compile, grappler)
+    self._program_options = options
+    if options.given and not mesh_impl.is_spmd:
       raise ValueError(
           "MeshFunction: communication_hint / jit_compile / grappler are "
           "options of the SPMD backend, but the mesh impl is a %s: use "
@@ -83,7 +83,8 @@ class MeshFunction(object):
     graph = graph_lib.Graph(seed=self._seed)
     mesh = graph_lib.Mesh(graph, self._mesh_name)
     outputs = self._build_fn(mesh, *tf_inputs)
-    options = (self._mesh_impl.program_options(**self._program_options)
+    options = (self._mesh_impl.program_options(
+        options=self._program_options)
                if self._mesh_impl.is_spmd
                else contextlib.nullcontext())
     with options:
@@ -106,7 +107,8 @@ class MeshFunction(object):
     program options."""
     if not self._mesh_impl.is_spmd:
       return contextlib.nullcontext()
-    with self._mesh_impl.program_options(**self._program_options) as impl:
+    with self._mesh_impl.program_options(
+        options=self._program_options) as impl:
       return grappler_lib.call_options(impl.grappler)
 
   def __call__(self, *tf_inputs):

@@ -85,24 +85,8 @@ class TrainStep(object):
     return self.mesh_function.graph
 
   def _build(self, mesh, features):
-    step, _ = optimize.get_global_step(mesh)
-    loss, metrics = self._loss_fn(mesh, features, step)
-    if loss.shape.ndims != 0:
-      raise ValueError("TrainStep: the loss %s has shape %s; it must be a "
-                       "scalar" % (loss.name, loss.shape))
-    variables = [v.outputs[0] for v in mesh.graph.trainable_variables]
-    if not variables:
-      raise ValueError("TrainStep: the model has no trainable variables")
-    grads = optimize.in_variable_layouts(mtf.gradients([loss], variables),
-                                         variables)
-    outputs = dict(metrics or {})
-    if self._clip:
-      grads, outputs["gradient_norm"] = optimize.clip_by_global_norm(
-          grads, self._clip)
-    self._optimizer.apply_grads(grads, variables, step=step)
-    outputs["loss"] = loss
-    outputs["step"] = step
-    return outputs
+    return build_step(mesh, features, self._loss_fn, self._optimizer,
+                      self._clip)
 
   def __call__(self, features):
     return self.mesh_function(features)
@@ -110,6 +94,41 @@ class TrainStep(object):
   def variable_value(self, name):
     """Full value of a variable as a numpy array."""
     return self.mesh_function.variable_value(name)
+
+
+def build_step(mesh, features, loss_fn, optimizer, clip_gradient_norm=None):
+  """The symbolic training step on mesh: the loss (loss_fn(mesh, features,
+  step)), gradients of it w.r.t. every trainable variable, optional
+  global-norm clipping, the optimizer's update and the step increment.
+  Returns {"loss", "step", "gradient_norm" (when clipping), metrics...} as
+  meshtf Tensors. The one builder of the step: TrainStep traces it with TF
+  features, and the training binary's symbolic graph (preflight, header,
+  --mode=plan; meshtf/train/experiment.py) builds it on imported ones.
+
+  Example:
+    >>> outputs = build_step(mesh, features, transformer.loss_fn(lm),
+    ...                      optimize.AdamWeightDecayOptimizer(1e-2))
+    >>> outputs["loss"].shape.ndims
+    0
+  """
+  step, _ = optimize.get_global_step(mesh)
+  loss, metrics = loss_fn(mesh, features, step)
+  if loss.shape.ndims != 0:
+    raise ValueError("TrainStep: the loss %s has shape %s; it must be a "
+                     "scalar" % (loss.name, loss.shape))
+  variables = [v.outputs[0] for v in mesh.graph.trainable_variables]
+  if not variables:
+    raise ValueError("TrainStep: the model has no trainable variables")
+  grads = optimize.in_variable_layouts(mtf.gradients([loss], variables),
+                                       variables)
+  outputs = dict(metrics or {})
+  if clip_gradient_norm:
+    grads, outputs["gradient_norm"] = optimize.clip_by_global_norm(
+        grads, clip_gradient_norm)
+  optimizer.apply_grads(grads, variables, step=step)
+  outputs["loss"] = loss
+  outputs["step"] = step
+  return outputs
 
 
 def run_steps(train_step, batches):

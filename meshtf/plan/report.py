@@ -332,7 +332,8 @@ def step_outputs(operations):
 
 
 def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
-         trace=True, executor_threads=None, compiler=None):
+         trace=True, executor_threads=None, compiler=None,
+         graph_layout=None):
   """The PlanReport of graph (one mesh) under mesh_layout on a hardware
   model ("tpuv3", "h100_8x_node", "cpu"). backward_start: index in
   graph.operations of the first backward op (for the activations kept
@@ -344,8 +345,10 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   collectives from the layouts instead (plan/estimate.py: the same
   records on the models here, in a fraction of the time) and keeps the
   sequential liveness. compiler: "xla" or "tf" overrides the hardware's
-  (a GPU with jit_compile runs XLA). Raises LayoutError / ValueError on
-  bad input before any tracing.
+  (a GPU with jit_compile runs XLA). graph_layout: the graph's
+  mesh_layout.assign when the caller has it (the training binary's
+  preflight completed it), else completed here. Raises LayoutError /
+  ValueError on bad input before any tracing.
 
   Example:
     >>> print(plan(graph, mtf.MeshLayout("x:8", "batch:x")).text())
@@ -357,7 +360,9 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
                      % len(meshes))
   mesh = meshes.pop()
   operations = list(graph.operations)
-  graph_layout = mesh_layout.assign(lowering_lib.all_operations(operations))
+  if graph_layout is None:
+    graph_layout = mesh_layout.assign(lowering_lib.all_operations(
+        operations))
   if backward_start is None:
     backward_start = graph.backward_start
   # Where XLA compiles the program its fused kernels' intermediates take
@@ -376,7 +381,7 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   impl = simd.SimdMeshImpl(mesh_layout, None,
                            notional_devices(mesh_layout.size))
   lowering = lowering_lib.Lowering(graph, {mesh: impl}, launch=False,
-                                   outputs=outputs)
+                                   outputs=outputs, graph_layout=graph_layout)
   threads = executor_threads or hardware_lib.executor_threads(
       hw, mesh_layout.size)
   memory = None

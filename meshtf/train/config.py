@@ -555,9 +555,8 @@ def _stage_axis_problems(config, layout):
                 stages, size)]
   # Activation annotations name every dim they keep split; one without a
   # stage rule would replicate the pipeline's buffer over the stage axis.
-  annotated = [r.split(":", 1)[0].strip()
-               for r in str(config.activation_layout).split(";")
-               if r.strip()]
+  annotated = [d for d, _ in layout.activation_rules.pairs] \
+      if layout.activation_rules is not None else []
   if annotated and "stage" not in annotated:
     return ["pipeline_stages=%d but --config.activation_layout=%r has no "
             "rule for dim 'stage', so its annotations would replicate the "
@@ -653,10 +652,11 @@ def _mesh_problems(config, problems):
   if mesh_shape is None or len(parsed) < 3:
     return None
   try:
+    # Each parsed once: the model reads its activation rules from here.
     layout = layouts.MeshLayout(
         mesh_shape, parsed["layout"],
-        parsed["variable_layout"] if config.variable_layout else None)
-    layouts.validate_layout_rules(parsed["activation_layout"], mesh_shape)
+        parsed["variable_layout"] if config.variable_layout else None,
+        parsed["activation_layout"] if config.activation_layout else None)
   except ValueError as e:
     problems.append("--mesh_shape / --layout / --config.variable_layout / "
                     "--config.activation_layout: %s" % str(e).splitlines()[0])
@@ -690,11 +690,13 @@ def layout_problem(config, mesh_layout_=None):
   return checked_training_graph(config, mesh_layout_)[2]
 
 
-def checked_training_graph(config, mesh_layout_=None):
+def checked_training_graph(config, mesh_layout_=None, experiment_=None):
   """(graph, graph_layout, problem): the symbolic training graph, every
   tensor's layout (MeshLayout.assign) and None, or (None, None, the one
   line of layout_problem). The binary's preflight builds it once and
-  checks the layout, the checkpoint and the memory on it.
+  checks the layout, the checkpoint and the memory on it. experiment_:
+  the run's experiment.Experiment, whose kept graph and layouts these are
+  (default: a new one of config and mesh_layout_).
 
   Example:
     >>> graph, graph_layout, problem = checked_training_graph(config)
@@ -705,9 +707,12 @@ def checked_training_graph(config, mesh_layout_=None):
   # imports nothing of this module (its MoE layer indices come from
   # preflight), so the import goes one way.
   from meshtf.train import experiment
-  layout = mesh_layout_ or mesh_layout(config)
+  if experiment_ is None:
+    experiment_ = experiment.Experiment(config,
+                                        mesh_layout_ or mesh_layout(config))
+  layout = experiment_.mesh_layout
   try:
-    graph = experiment.build_training_graph(config, layout)[0]
+    graph = experiment_.training_graph()[0]
     # A rule naming a dim the model lacks would silently split nothing.
     problem, _ = preflight.rule_dims(config, graph)
     if problem:
@@ -715,7 +720,7 @@ def checked_training_graph(config, mesh_layout_=None):
     # The eval and decode graphs lowered with this layout may lack some of
     # the training graph's dims: the rules naming them are checked here.
     layout.expect_dims(preflight.graph_dim_names(graph))
-    graph_layout = experiment.check_layouts(graph, layout)
+    graph_layout = experiment_.graph_layout()
   except layouts.LayoutError as e:
     return None, None, "--layout %r on mesh %r: %s" % (
         str(config.layout), str(config.mesh_shape), str(e).splitlines()[0])

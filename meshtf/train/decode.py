@@ -302,14 +302,15 @@ class Decoder(object):
     strategy = strategy or config.decode_strategy
     method = method or config.decode_method
     seq2seq = config.model_type == "bitransformer"
-    model, experiment = self.session.model, self.session.experiment
+    from meshtf.train import experiment as experiment_lib
+    model = self.session.model
     if strategy == "greedy" and method == "recompute":
       fn = self._mesh_function("argmax", self._argmax)
       out = greedy_decode(lambda f: np.asarray(fn(f)), batch, seq2seq)
     else:
-      options = experiment.decode_options(config, strategy)
+      options = self.session.experiment.decode_options(strategy)
       fn = self._mesh_function(
-          strategy, lambda f: experiment.decode_ids(model, f, **options))
+          strategy, lambda f: experiment_lib.decode_ids(model, f, **options))
       if seq2seq:
         features = {"inputs": batch["inputs"]}
       else:

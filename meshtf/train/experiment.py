@@ -19,10 +19,12 @@ import tensorflow as tf
 
 import meshtf as mtf
 from meshtf.lowering import lowering as lowering_lib
+from meshtf.lowering import program_options as program_options_lib
 from meshtf.models import dtypes
 from meshtf.models import layers
 from meshtf.models import moe as moe_lib
 from meshtf.models import optimize
+from meshtf.models import training
 from meshtf.models import transformer
 from meshtf.train import data as data_lib
 from meshtf.train import preflight
@@ -118,8 +120,10 @@ def build_model(config, sink=None, mesh_layout=None):
       vocab_divisor=config.vocab_divisor,
       positional_embedding=(False if config.positional_embedding == "none"
                             else config.positional_embedding),
-      activation_layout=config.activation_layout or None,
-      remat=config.get("remat", "none"), **t5)
+      # Parsed once, with the mesh layout (config.mesh_layout).
+      activation_layout=(mesh_layout.activation_rules if mesh_layout
+                         is not None else config.activation_layout or None),
+      remat=config.remat, **t5)
   if config.model_type == "lm":
     n = config.num_layers
     if ffn is not None:
@@ -195,7 +199,7 @@ def variable_dtype(config):
     'bfloat16'
   """
   return dtypes.VariableDType(tf.float32, tf.float32, tf.as_dtype(
-      config.get("activation_dtype", "float32")))
+      config.activation_dtype))
 
 
 def loss_fn(model, sink, mode="train", rows=None, batch_size=None,
@@ -260,6 +264,15 @@ def build_training_graph(config, mesh_layout=None):
   """
   sink = MoeMetrics()
   model = build_model(config, sink, mesh_layout)
+  return symbolic_training_graph(
+      config, loss_fn(model, sink, variable_dtype=variable_dtype(config)),
+      make_optimizer(config))
+
+
+def symbolic_training_graph(config, model_loss_fn, optimizer):
+  """build_training_graph with the loss function and optimizer given (an
+  Experiment's): a new Graph, the features imported, and
+  training.build_step -- the builder TrainStep traces -- on them."""
   graph = mtf.Graph(seed=config.seed)
   mesh = mtf.Mesh(graph, "mesh")
   shape = mtf.Shape([mtf.Dimension("batch", config.batch_size),
@@ -270,16 +283,9 @@ def build_training_graph(config, mesh_layout=None):
     features[name] = mtf.import_slices(
         mesh, shape, _zeros_slice(dtype.as_numpy_dtype), dtype,
         name="feature_" + name)
-  step, _ = optimize.get_global_step(mesh)
-  loss, _ = loss_fn(model, sink, variable_dtype=variable_dtype(config))(
-      mesh, features, step)
-  variables = [v.outputs[0] for v in graph.trainable_variables]
-  grads = optimize.in_variable_layouts(mtf.gradients([loss], variables),
-                                       variables)
-  if config.clip_gradient_norm:
-    grads, _ = optimize.clip_by_global_norm(grads, config.clip_gradient_norm)
-  make_optimizer(config).apply_grads(grads, variables, step=step)
-  return graph, loss
+  outputs = training.build_step(mesh, features, model_loss_fn, optimizer,
+                                config.clip_gradient_norm or None)
+  return graph, outputs["loss"]
 
 
 def check_layouts(graph, mesh_layout):
@@ -289,12 +295,14 @@ def check_layouts(graph, mesh_layout):
   return mesh_layout.assign(lowering_lib.all_operations(graph.operations))
 
 
-def parameter_counts(graph, mesh_layout):
+def parameter_counts(graph, mesh_layout, graph_layout=None):
   """{"total": parameters, "per_device": the largest share one processor
   holds (padded slices of uneven splits included; each variable in its
   stored layout), "optimizer_per_device": the same for non-trainable
-  variables (optimizer slots, step)}."""
-  graph_layout = check_layouts(graph, mesh_layout)
+  variables (optimizer slots, step)}. graph_layout: the graph's
+  check_layouts, computed here if None."""
+  if graph_layout is None:
+    graph_layout = check_layouts(graph, mesh_layout)
   total = per_device = other = 0
   trainable = set(graph.trainable_variables)
   for v in graph.all_variables:
@@ -386,14 +394,26 @@ def make_data(config, model_dir):
 
 
 # --- mesh ---------------------------------------------------------------------
-def make_mesh_impl(config, mesh_layout, devices):
-  """The config's MeshImpl (config.backend) for mesh_layout on devices."""
+def program_options(config):
+  """The config's ProgramOptions (jit_compile, communication_hint; the
+  SPMD backend's), checked once here; '' in the config is not given.
+
+  Example:
+    >>> program_options(config).jit_compile       # --config.jit_compile=''
+    ''
+  """
+  return program_options_lib.ProgramOptions.checked(
+      "the config", communication_hint=config.communication_hint or None,
+      jit_compile=config.jit_compile or False)
+
+
+def make_mesh_impl(config, mesh_layout, devices, options=None):
+  """The config's MeshImpl (config.backend) for mesh_layout on devices;
+  options: its ProgramOptions (default: program_options(config))."""
   if config.backend != "simd":
     return mtf.PlacementMeshImpl(mesh_layout, None, devices)
-  return mtf.SimdMeshImpl(
-      mesh_layout, None, devices,
-      communication_hint=config.get("communication_hint") or None,
-      jit_compile=config.get("jit_compile") or False)
+  return mtf.SimdMeshImpl(mesh_layout, None, devices,
+                          options=options or program_options(config))
 
 
 def per_example_loss(model, features, mode="eval"):
@@ -477,14 +497,93 @@ def decode_ids(model, features, temperature=0.0, top_k=0, beam_size=1,
       sampling_keep_top_k=keep_top_k)
 
 
+# --- the experiment -----------------------------------------------------------
+class Experiment(object):
+  """One run's experiment, built once from the validated config and its
+  MeshLayout: the model (and the sink of its MoE metrics), the loss, the
+  optimizer and learning-rate schedule, the data, the mesh impl and the
+  decode options. The symbolic training graph and its completed layouts
+  are built on first use and kept: the preflight, the header, the
+  checkpoint and memory checks and --mode=plan all read the one graph, and
+  TrainStep traces the same builder (models/training.build_step).
+
+  Example:
+    >>> exp = Experiment(config, config_lib.mesh_layout(config))
+    >>> graph, loss = exp.training_graph()   # built here, then kept
+    >>> exp.graph_layout() is exp.graph_layout()
+    True
+  """
+
+  def __init__(self, config, mesh_layout):
+    self.config = config
+    self.mesh_layout = mesh_layout
+    self.sink = MoeMetrics()
+    self.variable_dtype = variable_dtype(config)
+    self.program_options = program_options(config)
+    self._model = None
+    self._training_graph = None
+    self._graph_layout = None
+
+  @property
+  def model(self):
+    """The Unitransformer / Bitransformer, built on first use (its layers
+    hold no graph: every trace and the symbolic graph call the one model)."""
+    if self._model is None:
+      self._model = build_model(self.config, self.sink, self.mesh_layout)
+    return self._model
+
+  def loss_fn(self, mode="train", rows=None, batch_size=None):
+    """The model's loss function (see loss_fn) in `mode`."""
+    return loss_fn(self.model, self.sink, mode, rows, batch_size,
+                   self.variable_dtype)
+
+  def optimizer(self):
+    """A new optimizer of the config (each graph gets its own: optimizers
+    keep the update ops they built)."""
+    return make_optimizer(self.config)
+
+  def learning_rate_schedule(self):
+    return learning_rate_schedule(self.config)
+
+  def training_graph(self):
+    """(graph, loss): the symbolic training graph, built once."""
+    if self._training_graph is None:
+      self._training_graph = symbolic_training_graph(
+          self.config, self.loss_fn(), self.optimizer())
+    return self._training_graph
+
+  def graph_layout(self):
+    """The training graph's GraphLayout (check_layouts), completed once;
+    raises LayoutError naming the first bad tensor."""
+    if self._graph_layout is None:
+      self._graph_layout = check_layouts(self.training_graph()[0],
+                                         self.mesh_layout)
+    return self._graph_layout
+
+  def parameter_counts(self):
+    """parameter_counts of the training graph, on its kept layouts."""
+    return parameter_counts(self.training_graph()[0], self.mesh_layout,
+                            self.graph_layout())
+
+  def data(self, model_dir):
+    return make_data(self.config, model_dir)
+
+  def mesh_impl(self, devices):
+    return make_mesh_impl(self.config, self.mesh_layout, devices,
+                          self.program_options)
+
+  def decode_options(self, strategy=None):
+    return decode_options(self.config, strategy)
+
+
 def perplexity(loss):
   return math.exp(min(loss, 50.0))
 
 
-__all__ = ["MoeMetrics", "moe_params",
+__all__ = ["Experiment", "MoeMetrics", "moe_params",
            "moe_feedforward_layer_fn", "build_model", "feature_names",
            "loss_fn", "make_optimizer", "learning_rate_schedule",
-           "build_training_graph", "check_layouts", "parameter_counts",
-           "Data", "make_data", "make_mesh_impl", "per_example_loss",
+           "build_training_graph", "symbolic_training_graph", "check_layouts", "parameter_counts",
+           "Data", "make_data", "program_options", "make_mesh_impl", "per_example_loss",
            "decode_method", "decode_options", "decode_ids",
            "perplexity"]

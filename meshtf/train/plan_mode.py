@@ -25,22 +25,27 @@ PLAN_TOP_COLLECTIVES = 5
 PICTURE_FILE = "layouts.png"
 
 
-def run_plan(config, mesh_layout, model_dir, log, layout_choice=None):
+def run_plan(config, mesh_layout, model_dir, log, layout_choice=None,
+             experiment=None):
   """Plans config's training step under mesh_layout on
   config.plan_hardware; logs the report and a picture of the largest
   variable's layout, writes model_dir/plan.json and model_dir/layouts.png
   (every variable's layout; each atomically). Returns {"report": summary
   dict, "path": the JSON file, "picture": the PNG}. layout_choice: what
   --layout=auto chose and why (auto_layout.choose_layout), kept in the
-  JSON as "layout_search"."""
+  JSON as "layout_search". experiment: the run's experiment.Experiment,
+  whose symbolic training graph and completed layouts (the preflight's)
+  are planned as they are, not built again (default: a new one)."""
   import meshtf as mtf
-  from meshtf.train import experiment
+  from meshtf.train import experiment as experiment_lib
   t0 = time.time()
-  graph, _ = experiment.build_training_graph(config, mesh_layout)
+  if experiment is None:
+    experiment = experiment_lib.Experiment(config, mesh_layout)
+  graph, _ = experiment.training_graph()
   # XLA compiles the program (fused kernels) where jit_compile is on.
   report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware,
-                         compiler="xla" if config.get("jit_compile")
-                         else None)
+                         compiler="xla" if config.jit_compile else None,
+                         graph_layout=experiment.graph_layout())
   summary = report.summary()
   summary["config"] = {"mesh_shape": str(config.mesh_shape),
                        "layout": str(config.layout),

@@ -213,10 +213,11 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   model_dir was trained with, the newest intact checkpoint, the workers,
   the device count and the memory the step needs (the plan's estimate
   against this machine's memory). Returns (mesh_layout, IntactCheckpoint
-  or None, prompts).
+  or None, prompts, the run's experiment.Experiment: its symbolic training
+  graph and layouts built and checked here, once, for every later use).
 
   Example:
-    >>> layout, found, prompts = prepare(config, "/tmp/lm", "eval")
+    >>> layout, found, prompts, exp = prepare(config, "/tmp/lm", "eval")
     >>> found.step
     225
   """
@@ -224,10 +225,14 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   from meshtf.train import workers as workers_lib
   mesh_layout = config_lib.validate(config, flag_names=flag_names,
                                     check_layout=False)
+  # TensorFlow loads here (experiment), after the config checks above.
+  from meshtf.train import experiment as experiment_lib
+  experiment = experiment_lib.Experiment(config, mesh_layout)
   # The symbolic training graph, built once: its layouts are checked here,
-  # the checkpoint's variables and the memory estimate below.
+  # the checkpoint's variables and the memory estimate below, the plan and
+  # the header read the same (kept by the experiment).
   graph, graph_layout, problem = config_lib.checked_training_graph(
-      config, mesh_layout)
+      config, mesh_layout, experiment)
   if problem:
     raise config_lib.ConfigError([problem])
   problem = _jit_program_problem(config, mesh_layout, devices, mode)
@@ -246,7 +251,7 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
     # The chief locks; other workers write nothing.
     model_dir_lib.check_not_in_use(model_dir)
   if mode in ("plan", "sweep"):   # no checkpoint: the config alone
-    return mesh_layout, None, None
+    return mesh_layout, None, None, experiment
   _check_config_matches(config, model_dir, source)
   found = _starting_checkpoint(config, model_dir, mode, graph, mesh_layout)
   problems = workers_lib.problems(config, mesh_layout, workers, mode)
@@ -266,7 +271,7 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
                                        here, graph_layout=graph_layout)
     if problem:
       raise config_lib.ConfigError([problem])
-  return mesh_layout, found, prompt_set
+  return mesh_layout, found, prompt_set, experiment
 
 
 # --- modes --------------------------------------------------------------------
@@ -301,8 +306,8 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
   # --layout=auto: the layout is chosen from plans (no devices, no TF
   # work), and then everything is checked as for a layout given by hand.
   layout_choice = auto_layout.resolve(config, log)
-  mesh_layout, found, prompt_set = prepare(config, model_dir, mode, workers,
-                                           devices, flag_names, source)
+  mesh_layout, found, prompt_set, experiment = prepare(
+      config, model_dir, mode, workers, devices, flag_names, source)
   if workers is not None and workers.num_workers > 1:
     # Before model_dir is written: all workers are up and run one config.
     stops.phase = "waiting for the other workers to start"
@@ -329,7 +334,7 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
     held = {}
     try:
       result = _run_mode(config, mode, model_dir, devices, log, progress,
-                         workers, mesh_layout, found, prompt_set,
+                         workers, experiment, found, prompt_set,
                          layout_choice, stops, held)
     except Exception as e:  # pylint: disable=broad-except
       # A launcher or scheduler stopping the survivors meanwhile must not
@@ -405,9 +410,10 @@ def _report_damaged(found, may_move, warn):
 
 
 def _run_mode(config, mode, model_dir, devices, log, progress, workers,
-              mesh_layout, found, prompt_set, layout_choice=None,
+              experiment, found, prompt_set, layout_choice=None,
               stops=None, held=None):
   from meshtf.train import startup
+  mesh_layout = experiment.mesh_layout
   stops = stops or stopping.NoStops()
   stops.phase = {"train": "starting TensorFlow and building the model",
                  "export": "exporting (the SavedModel is written under a "
@@ -419,14 +425,13 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
   if mode == "plan":
     from meshtf.train import plan_mode
     return plan_mode.run_plan(config, mesh_layout, model_dir, log,
-                              layout_choice)
+                              layout_choice, experiment=experiment)
   if mode == "sweep":
     from meshtf.train import sweep_mode
     return sweep_mode.run_sweep(
         config, model_dir, log, devices=devices,
         train_entry=run if config.sweep_run else None)
   from meshtf.train import decode as decode_lib
-  from meshtf.train import experiment
   from meshtf.train import workers as workers_lib
   if workers is not None and devices is None:
     stops.phase = "joining the other workers' TensorFlow cluster"
@@ -444,14 +449,15 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
       from meshtf.train import peers
       startup.tensorflow_output_to(peers.log_path(model_dir, workers.index))
     startup.devices_ready()
-  session = session_lib.Session(config, model_dir, mode, devices, log, workers,
-                    mesh_layout, checkpoint=found)
+  session = session_lib.Session(config, model_dir, mode, devices, log,
+                                workers, mesh_layout, checkpoint=found,
+                                experiment=experiment)
   if held is not None:
     held["session"] = session
   if mode == "train":
     return training_loop.train(session, progress, stops)
   step = session.restore()
-  data = experiment.make_data(config, model_dir)
+  data = experiment.data(model_dir)
   if mode == "eval":
     result = session.evaluate(data)
     if workers is not None and workers.num_workers > 1:

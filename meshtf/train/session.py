@@ -26,28 +26,34 @@ class Session(object):
       checkpoint.IntactCheckpoint, or an init_checkpoint.RestorePlan of
       --config.init_checkpoint; default: the newest intact one in
       model_dir, read when restore() is called).
+    experiment: the run's experiment.Experiment (its model, loss,
+      optimizer, mesh impl, and the symbolic training graph the preflight
+      built); default: a new one of config and mesh_layout.
   """
 
   def __init__(self, config, model_dir, mode, devices=None, log=print,
-               workers=None, mesh_layout=None, checkpoint=None):
+               workers=None, mesh_layout=None, checkpoint=None,
+               experiment=None):
     import meshtf as mtf
     from meshtf.lowering import variables as variables_lib
     from meshtf.train import checkpoint as checkpoint_lib
-    from meshtf.train import experiment
+    from meshtf.train import experiment as experiment_lib
     self.config = config
     self.model_dir = model_dir
     self.mode = mode
     self.log = log
     self.mtf = mtf
+    if experiment is None:
+      experiment = experiment_lib.Experiment(
+          config, mesh_layout or config_lib.mesh_layout(config))
     self.experiment = experiment
-    self.mesh_layout = mesh_layout or config_lib.mesh_layout(config)
+    self.mesh_layout = experiment.mesh_layout
     mesh_size = self.mesh_layout.size
     if devices is None:
       devices = mtf.virtual_cpu_devices(config.num_virtual_cpus or mesh_size)
     startup.devices_ready()   # TensorFlow's start-up lines are over
     self.devices = list(devices)[:mesh_size]
-    self.impl = experiment.make_mesh_impl(config, self.mesh_layout,
-                                          self.devices)
+    self.impl = experiment.mesh_impl(self.devices)
     self.workers = workers
     # The chief writes; in a multi-worker run every worker reads only the
     # batch rows its processors hold.
@@ -66,17 +72,15 @@ class Session(object):
     self.restored_meta = None    # its meta.json (the input position)
     # What the run is doing ("step 16"): a lost worker's line names it.
     self.doing = "starting"
-    self.sink = experiment.MoeMetrics()
-    self.model = experiment.build_model(config, self.sink, self.mesh_layout)
+    self.sink = experiment.sink
+    self.model = experiment.model
     self._eval_fn = None
     self._decoder = None
 
   # -- evaluation ----------------------------------------------------------
   def eval_fn(self):
     if self._eval_fn is None:
-      vdt = self.experiment.variable_dtype(self.config)
-      loss_fn = self.experiment.loss_fn(self.model, self.sink, mode="eval",
-                                        variable_dtype=vdt, **self.row_args())
+      loss_fn = self.experiment.loss_fn(mode="eval", **self.row_args())
 
       def build(mesh, features):
         _, metrics = loss_fn(mesh, features)
@@ -90,6 +94,7 @@ class Session(object):
   def evaluate(self, data):
     """{"loss", "accuracy", "perplexity", "tokens"} over eval_steps held-out
     batches (token-weighted means)."""
+    from meshtf.train import experiment as experiment_lib
     fn = self.eval_fn()
     total_loss = total_acc = total_n = 0.0
     for i in range(self.config.eval_steps):
@@ -100,7 +105,7 @@ class Session(object):
       total_n += n
     loss = total_loss / max(total_n, 1.0)
     return {"loss": loss, "accuracy": total_acc / max(total_n, 1.0),
-            "perplexity": self.experiment.perplexity(loss),
+            "perplexity": experiment_lib.perplexity(loss),
             "tokens": int(total_n)}
 
   def row_args(self):

@@ -81,11 +81,11 @@ def _train(session, progress=None, stops=None):
   before it (or a second one) stops at once (stopping.Interrupted)."""
   import tensorflow as tf
   from meshtf.models import training
-  from meshtf.train import experiment
   stops = stops or stopping.NoStops()
   config, log = session.config, session.log
   model_dir = session.model_dir
-  data = experiment.make_data(config, model_dir)
+  exp = session.experiment
+  data = exp.data(model_dir)
   chief = session.is_chief
   start_step = session.restore() or 0
   first_batch = None
@@ -105,14 +105,11 @@ def _train(session, progress=None, stops=None):
         log("input: %s" % why)
     first_batch = data.train_batch(start_step, rows=session.rows)
   step_fn = training.TrainStep(
-      experiment.loss_fn(session.model, session.sink,
-                         variable_dtype=experiment.variable_dtype(config),
-                         **session.row_args()),
-      session.impl, experiment.make_optimizer(config),
+      exp.loss_fn(**session.row_args()), session.impl, exp.optimizer(),
       variable_store=session.store, seed=config.seed,
       clip_gradient_norm=config.clip_gradient_norm or None,
-      bucket_bytes=int(config.get("collective_bucket_mb", 1.0) * (1 << 20)))
-  lr_fn = experiment.learning_rate_schedule(config)
+      bucket_bytes=int(config.collective_bucket_mb * (1 << 20)))
+  lr_fn = exp.learning_rate_schedule()
   # Several workers stop together: each step boundary agrees on the stop
   # requests of all of them (meshtf/train/peers.py).
   agree = _stop_agreement(session)
@@ -422,10 +419,10 @@ def print_header(session, start_step, data=None):
   Example:
     >>> print_header(session, start_step=0)   # "model_dir: /tmp/m (new)"
   """
-  from meshtf.train import experiment
   config, log = session.config, session.log
-  graph, _ = experiment.build_training_graph(config, session.mesh_layout)
-  counts = experiment.parameter_counts(graph, session.mesh_layout)
+  # The preflight's symbolic graph and layouts (kept by the experiment).
+  graph, _ = session.experiment.training_graph()
+  counts = session.experiment.parameter_counts()
   moe = ""
   if config.moe.num_experts:
     moe = ", MoE %d experts (%s) on feed-forward layers %s" % (
@@ -472,7 +469,7 @@ def print_header(session, start_step, data=None):
   if max(config.pipeline_stages, config.num_microbatches,
          config.circular_repeats) > 1:
     lines.append(pipeline_line(config))
-  if config.get("remat", "none") != "none":
+  if config.remat != "none":
     lines.append(REMAT_LINES[config.remat])
   if session.rows is not None:
     w = session.workers

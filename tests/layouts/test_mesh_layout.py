@@ -3,6 +3,7 @@ processor groups, reduced axes) and relayout plans as data."""
 import pytest
 
 import meshtf as mtf
+from meshtf.layouts import LayoutError
 from meshtf.layouts import MeshLayout
 from meshtf.layouts import relayout
 
@@ -76,6 +77,14 @@ def test_mesh_layout_accepts_itself_and_rejects_bad_meshes():
     MeshLayout("data:0;model:2")
   with pytest.raises(mtf.LayoutError, match="'rowz'"):
     MeshLayout("rows:2", "batch:rowz")
+
+
+def test_activation_rules_are_parsed_and_checked_once():
+  layout = MeshLayout("x:2;y:4", "batch:x", None, "batch:x;d_model:y")
+  assert layout.activation_rules.pairs == [("batch", "x"), ("d_model", "y")]
+  assert MeshLayout("x:2").activation_rules is None
+  with pytest.raises(LayoutError, match="names mesh axis 'z'"):
+    MeshLayout("x:2", "", None, "batch:z")
 
 
 def test_two_dims_on_one_axis_still_one_clear_error():

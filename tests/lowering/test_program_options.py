@@ -243,6 +243,27 @@ def test_bad_options_raise_one_line_with_the_fix(make, match):
   assert "\n" not in str(e.value)
 
 
+def test_program_options_are_one_frozen_value_checked_when_made():
+  import dataclasses
+  from meshtf.lowering.program_options import ProgramOptions
+  options = ProgramOptions(jit_compile=True, grappler="off")
+  assert (options.jit_compile, options.grappler,
+          options.communication_hint) == ("program", "off", None)
+  assert options.given and not ProgramOptions().given
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    options.jit_compile = "segments"
+  with pytest.raises(ValueError, match="^MeshFunction: jit_compile='x'"):
+    ProgramOptions.checked("MeshFunction", jit_compile="x")
+  # The impl and a MeshFunction take the value as it is, checked once.
+  impl = mtf.SimdMeshImpl("all:2", "", harness.DEVICES[:2],
+                          options=ProgramOptions(communication_hint="ring",
+                                                 jit_compile="segments"))
+  assert (impl.communication_hint, impl.jit_compile) == ("ring", "segments")
+  with impl.program_options(options=ProgramOptions(jit_compile="")):
+    assert impl.jit_compile == "" and impl.communication_hint == "ring"
+  assert impl.jit_compile == "segments"
+
+
 def _bf16_build(mesh, x_tf):
   """bfloat16 through an allreduce, an allconcat and an alltoall."""
   x = mtf.cast(mtf.import_tf_tensor(mesh, x_tf, "a:8;b:8"), tf.bfloat16)

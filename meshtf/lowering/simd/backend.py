@@ -26,6 +26,7 @@ from meshtf.lowering import constants
 from meshtf.lowering import grappler as grappler_lib
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import mesh_impl as mesh_impl_lib
+from meshtf.lowering import program_options as program_options_lib
 from meshtf.lowering import simd_collectives
 from meshtf.lowering.simd import keys as keys_lib
 from meshtf.lowering.simd import slices as slices_lib
@@ -79,6 +80,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       "default" (TensorFlow's passes) or "off"; None: "off" on a mesh of
       CPUs without XLA, else "default" (meshtf/lowering/grappler.py: a
       T5-small-sized step's first run spent most of its time there).
+    options: the three as one checked ProgramOptions (program_options.py).
 
   Example:
     >>> impl = mtf.SimdMeshImpl("all:2", "batch:all", mtf.gpu_devices()[:2],
@@ -90,18 +92,19 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   is_spmd = True
 
   def __init__(self, shape, layout, devices, collective_timeout_seconds=600.0,
-               communication_hint=None, jit_compile=False, grappler=None):
+               communication_hint=None, jit_compile=False, grappler=None,
+               options=None):
     super().__init__(shape, layout, devices)
+    if options is None:
+      options = program_options_lib.ProgramOptions.checked(
+          "SimdMeshImpl", communication_hint, jit_compile, grappler)
     # Decided once here; MeshFunction may override them for its traces.
     self._options = {
-        "communication_hint": (
-            simd_collectives.check_communication_hint(
-                communication_hint, "SimdMeshImpl") or
-            simd_collectives.default_communication_hint(self.devices)),
-        "jit_compile": simd_collectives.check_jit_compile(
-            jit_compile, "SimdMeshImpl") or "",
+        "communication_hint": options.communication_hint or
+        simd_collectives.default_communication_hint(self.devices),
+        "jit_compile": options.jit_compile or "",
         # None: decided from the devices and jit_compile when asked.
-        "grappler": grappler_lib.check_grappler(grappler, "SimdMeshImpl")}
+        "grappler": options.grappler}
     self._overrides = []
     # Each processor's rank among all devices in TF's collective order.
     keys = [keys_lib.device_rank_key(d) for d in devices]
@@ -168,21 +171,18 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
 
   @contextlib.contextmanager
   def program_options(self, communication_hint=None, jit_compile=None,
-                      grappler=None):
-    """Within the body, programs traced use these options instead of the
-    impl's (None: the impl's). MeshFunction wraps its traces in it.
+                      grappler=None, options=None):
+    """Within the body, programs traced use these options (or `options`)
+    instead of the impl's (None: the impl's). MeshFunction wraps its traces.
 
     Example:
       >>> with impl.program_options(jit_compile="segments"):
       ...   lowering = mtf.Lowering(graph, {mesh: impl})
     """
-    self._overrides.append({
-        "communication_hint": simd_collectives.check_communication_hint(
-            communication_hint, "program_options"),
-        "jit_compile": simd_collectives.check_jit_compile(
-            jit_compile, "program_options"),
-        "grappler": grappler_lib.check_grappler(grappler,
-                                                "program_options")})
+    if options is None:
+      options = program_options_lib.ProgramOptions.checked(
+          "program_options", communication_hint, jit_compile, grappler)
+    self._overrides.append(options.as_dict())
     try:
       yield self
     finally:

@@ -1,0 +1,102 @@
+"""The run's experiment (meshtf/train/experiment.Experiment): built once
+from the config, its symbolic training graph built once and its layouts
+completed once per run. The builder (models/training.build_step, which
+TrainStep traces too) and the completion (layouts/assignment.assign_layouts)
+are counted: --mode=plan builds and completes once, on a tiny config and on
+the papers' GSPMD 64B and GShard 2048E configs; a tiny training run builds
+the symbolic graph once and traces the step once (on main: plan built 2x
+and completed 3x, training built 3x and completed 4x)."""
+import collections
+import io
+import os
+
+import pytest
+
+from meshtf.train import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def calls(monkeypatch):
+  """Counter of the training step builder's and the completion's calls."""
+  from meshtf.layouts import assignment
+  from meshtf.models import training
+  counter = collections.Counter()
+  build, assign = training.build_step, assignment.assign_layouts
+
+  def counted_build(*args, **kwargs):
+    counter["build_step"] += 1
+    return build(*args, **kwargs)
+
+  def counted_assign(*args, **kwargs):
+    counter["assign_layouts"] += 1
+    return assign(*args, **kwargs)
+  monkeypatch.setattr(training, "build_step", counted_build)
+  monkeypatch.setattr(assignment, "assign_layouts", counted_assign)
+  return counter
+
+
+def _run(*args):
+  out, err = io.StringIO(), io.StringIO()
+  code = main.run_command(["meshtf.train"] + list(args), out=out, err=err)
+  assert code == 0, err.getvalue()
+  return out.getvalue()
+
+
+def test_plan_builds_and_completes_the_graph_once(tmp_path, calls):
+  # The traced plan (the default): the Lowering on notional devices keeps
+  # the preflight's layouts too.
+  out = _run("--mode=plan", "--model_dir=%s" % tmp_path)
+  assert "collectives per step" in out
+  assert calls == {"build_step": 1, "assign_layouts": 1}
+
+
+@pytest.mark.parametrize("config", ["gspmd_dense.py:64B_16x32",
+                                    "gshard_moe.py:2048E_36L"])
+def test_paper_plan_builds_and_completes_the_graph_once(tmp_path, calls,
+                                                        monkeypatch, config):
+  # The papers' configs planned on the estimate path (trace=False: the
+  # traced per-device program of 512 / 2048 processors takes a minute
+  # here; the default config above covers the trace).
+  from meshtf.plan import report
+  plan = report.plan
+  monkeypatch.setattr(report, "plan", lambda *a, **k: plan(
+      *a, **dict(k, trace=False)))
+  out = _run("--config=" + os.path.join(ROOT, "t2t_configs", config),
+             "--mode=plan", "--model_dir=%s" % tmp_path)
+  assert "collectives per step" in out
+  assert calls == {"build_step": 1, "assign_layouts": 1}
+
+
+def test_training_builds_the_symbolic_graph_once(tmp_path, calls):
+  # Preflight, checkpoint check, memory check and header share one
+  # symbolic graph; TrainStep's trace is the builder's second call. The
+  # completions: the symbolic graph's, the traced step's Lowering and the
+  # final eval's (another graph, the eval loss).
+  out = _run("--model_dir=%s" % tmp_path, "--train_steps=2",
+             "--config.num_layers=1", "--config.length=8",
+             "--config.eval_every=0", "--config.eval_steps=1",
+             "--config.checkpoint_every=2", "--config.stop_at_target=False")
+  assert "parameters" in out and "done: step 2" in out
+  assert calls == {"build_step": 2, "assign_layouts": 3}
+
+
+def test_the_experiment_keeps_what_it_built_from_the_config():
+  from meshtf.train import config as config_lib
+  from meshtf.train import experiment
+  c = config_lib.default_config()
+  c.num_layers, c.jit_compile = 1, "segments"
+  c.activation_layout = "batch:data"
+  layout = config_lib.mesh_layout(c)
+  exp = experiment.Experiment(c, layout)
+  # activation_layout: parsed once, with the mesh layout; the model keeps
+  # that object.
+  assert exp.model.activation_layout is layout.activation_rules
+  assert exp.training_graph() is exp.training_graph()
+  assert exp.graph_layout() is exp.graph_layout()
+  assert exp.program_options.jit_compile == "segments"
+  assert exp.program_options.communication_hint is None
+  assert exp.parameter_counts() == experiment.parameter_counts(
+      exp.training_graph()[0], layout)
