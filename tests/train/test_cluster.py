@@ -18,8 +18,18 @@ smaller, 12 steps):
   positions, from which one process resumes with the uninterrupted run's
   losses.
 
-The exhaustive scenarios (4 workers, SIGKILL at random steps, SIGSTOP,
-resumes as 2 and 1) are bench/cluster_faults.py's.
+And on 4 workers of 2 virtual CPUs (mesh data:4;model:2, 10 steps), a
+random worker at a random step (the seed is printed; MESHTF_FAULT_SEED
+repeats it), every step's loss compared with the one-process run's:
+
+- SIGKILL: the 3 others exit 3 within the bound, one line each naming it;
+  launch --restarts=1 resumes;
+- SIGTERM: all 4 stop at the first step boundary after it, the chief
+  saves that step, all exit 143 with one line; 2 workers resume;
+- SIGSTOP (hung): the 3 others exit 3 within the bound, one line each
+  naming it; one process resumes.
+
+bench/cluster_faults.py measures the same (and task 0 as the victim).
 """
 import io
 import json
@@ -311,7 +321,7 @@ FOUR = ["--config=" + LM_TINY, "--mesh_shape=data:4;model:2",
 # The bound in which a lost or hung worker's peers exit (peers.py), and what
 # a loaded 2-core machine may add: these tests check that the survivors do
 # not hang (a collective's watchdog would take 600 s), not how fast they are.
-BOUND = 5 + peers.PEER_CHECK_SECONDS + peers.LINGER_SECONDS
+BOUND = 2 * (5 + peers.PEER_CHECK_SECONDS)
 LOADED = 45.0
 _STEP = re.compile(r"^(?:\[worker \d\] )?step (\d+) ")
 
@@ -424,7 +434,9 @@ def test_kill_9_of_one_of_4_workers_is_one_line_on_each_other_then_restart(
   exits = [l for l in first if l.startswith("launch: the workers' exits: ")]
   assert exits == ["launch: the workers' exits: " + ", ".join(
       "worker %d %s" % (t, "was killed by SIGKILL" if t == victim else
-                        "exited 3") for t in range(4))], (seed, first)
+                        "exited 3") for t in range(4))], (seed, [
+                            l for l in first if "[worker" not in l or
+                            "meshtf.train:" in l])
   host = re.search(r"task %d \((127\.0\.0\.1:\d+)\)" % victim, "\n".join(
       first)).group(1)
   kept = set()
@@ -448,8 +460,7 @@ def test_sigterm_to_one_of_4_workers_stops_all_after_one_step_then_2_resume(
     reference4, tmp_path):
   """SIGTERM to a random worker at a random step: all 4 stop at the first
   step boundary after it, the chief saves that step, each exits 143 with
-  one line; launch --workers=2 resumes with the uninterrupted run's
-  losses."""
+  one line; 2 workers resume with the uninterrupted run's losses."""
   victim, at, seed = _fault("SIGTERM")
   model_dir = tmp_path / "preempted"
   hosts, procs = _four_workers(model_dir)
@@ -483,14 +494,19 @@ def test_sigterm_to_one_of_4_workers_stops_all_after_one_step_then_2_resume(
     assert json.load(f)["step"] == k
   assert len(_metrics(model_dir)) == k   # no worker trained past it
   assert not (model_dir / "train.lock").exists()
-  resume = subprocess.run(
-      [sys.executable, "-m", "meshtf.train.launch", "--workers=2", "--"] +
-      FOUR + ["--model_dir=%s" % model_dir], cwd=ROOT, env=_env(),
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      timeout=TIMEOUT)
-  assert resume.returncode == 0, (seed, resume.stderr[-3000:])
-  assert "[worker 0] model_dir: %s (resumed from step %d)" % (
-      model_dir, k) in resume.stdout
+  # The same model_dir, trained on by 2 workers of 4 virtual CPUs.
+  hosts = ["127.0.0.1:%d" % p for p in free_ports(2)]
+  procs = [_Proc([sys.executable, "-m", "meshtf.train", "--model_dir=%s" %
+                  model_dir] + FOUR + ["--worker_hosts=" + ",".join(hosts),
+                                       "--task_index=%d" % t])
+           for t in range(2)]
+  try:
+    codes = [p.finish() for p in procs]
+  finally:
+    _kill_all(procs)
+  assert codes == [0, 0], (seed, [p.errors() for p in procs])
+  assert "model_dir: %s (resumed from step %d)" % (model_dir, k) in \
+      procs[0].out, (seed, procs[0].out[:12])
   _assert_same_losses(model_dir, reference4, steps=10)
 
 
