@@ -23,10 +23,15 @@ Scenarios:
   stop_chief  SIGSTOP to task 0
   agreement   seconds per stop agreement (one int32 MAX allreduce over the
               mesh) against seconds per training step, 2 workers
+  save        seconds to gather a checkpoint's values on 4 workers (lm_tiny's
+              37 variables and slots, mesh data:4;model:2): one program per
+              variable traced at every save (before) against one program
+              for all, traced at the first save (VariableStore.full_values),
+              interleaved in one run
 
 Output, JSON lines: kind=scenario (signal, victim, step, per survivor exit
 code / seconds to exit / its lines, the checkpoint the lines name, resume
-mode, max relative loss difference) and kind=agreement.
+mode, max relative loss difference), kind=agreement and kind=save.
 
 Usage:
   python bench/cluster_faults.py                    # every scenario once
@@ -54,7 +59,8 @@ FLAGS = ["--config=" + os.path.join(ROOT, "t2t_configs", "lm_tiny.py"),
          "--config.length=8", "--config.num_layers=1",
          "--config.checkpoint_every=5", "--config.eval_every=0",
          "--config.eval_steps=1", "--config.log_every=1"]
-SCENARIOS = ("kill", "kill_chief", "term", "stop", "stop_chief", "agreement")
+SCENARIOS = ("kill", "kill_chief", "term", "stop", "stop_chief", "agreement",
+             "save")
 
 
 def env():
@@ -234,6 +240,69 @@ def agreement(args):
               calls=200, **result)
 
 
+SAVE_SCRIPT = r'''
+import json, os, statistics, sys, time
+sys.path.insert(0, %(root)r)
+import tensorflow as tf
+import meshtf as mtf
+from meshtf.lowering import cluster
+from meshtf.train import peers
+hosts, task, rounds = sys.argv[1].split(","), int(sys.argv[2]), int(sys.argv[3])
+os.environ["TF_CONFIG"] = cluster.tf_config(hosts, task)
+info = mtf.start_multi_worker(num_virtual_cpus=2)
+impl = mtf.SimdMeshImpl("data:4;model:2",
+                        "batch:data;heads:model;d_ff:model;vocab:model",
+                        info.devices)
+dims = dict(vocab=16, d_model=32, heads=4, d_kv=8, d_ff=64, length=8)
+shapes = {"embedding": "vocab,d_model", "final_norm": "d_model",
+          "att_norm": "d_model", "q": "d_model,heads,d_kv",
+          "k": "d_model,heads,d_kv", "v": "d_model,heads,d_kv",
+          "o": "heads,d_kv,d_model", "ff_norm": "d_model",
+          "wi": "d_model,d_ff", "wo": "d_ff,d_model",
+          "logits": "d_model,vocab", "positions": "length,d_model"}
+store = mtf.VariableStore()
+for name, spec in shapes.items():
+  shape = mtf.Shape([mtf.Dimension(d, dims[d]) for d in spec.split(",")])
+  for suffix in ("", "/slot_m", "/slot_v"):
+    store.get_or_create(name + suffix, shape, tf.float32, impl,
+                        lambda begin, sizes: tf.ones(sizes))
+store.get_or_create("global_step", mtf.Shape([]), tf.int64, impl,
+                    lambda begin, sizes: tf.zeros(sizes, tf.int64))
+entries = store.entries()
+per_variable, one_program = [], []
+for _ in range(rounds):
+  t = time.perf_counter()
+  old = [e.full_value() for e in entries]
+  per_variable.append(time.perf_counter() - t)
+  t = time.perf_counter()
+  new = store.full_values()
+  one_program.append(time.perf_counter() - t)
+  assert all(bool(tf.reduce_all(a == new[e.name]))
+             for e, a in zip(entries, old))
+print("RESULT " + json.dumps({
+    "variables": len(entries),
+    "per_variable_median_s": statistics.median(per_variable),
+    "one_program_first_s": one_program[0],
+    "one_program_later_median_s": statistics.median(one_program[1:])}))
+peers.wait_for_all("bench", 30)
+'''
+
+
+def save(args):
+  hosts = ",".join("127.0.0.1:%d" % p for p in free_ports(4))
+  script = SAVE_SCRIPT % {"root": ROOT}
+  procs = [subprocess.Popen([sys.executable, "-c", script, hosts, str(t),
+                             "5"], env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+           for t in range(4)]
+  outs = [p.communicate(timeout=args.timeout) for p in procs]
+  found = [l for l in outs[0][0].splitlines() if l.startswith("RESULT ")]
+  if not found:
+    raise SystemExit("the save scenario failed: %s" % outs[0][1][-2000:])
+  return dict(kind="save", workers=4, mesh="data:4;model:2", rounds=5,
+              **json.loads(found[0][7:]))
+
+
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--scenarios", default=",".join(SCENARIOS))
@@ -248,7 +317,7 @@ def main():
                    "--config.peer_timeout_seconds=%g" % args.peer_timeout]
   names = args.scenarios.split(",")
   reference = None
-  if any(n != "agreement" for n in names):
+  if any(n not in ("agreement", "save") for n in names):
     ref_dir = tempfile.mkdtemp(prefix="cluster_faults_reference_")
     t = time.monotonic()
     code, err = run_binary([sys.executable, "-m", "meshtf.train",
@@ -262,8 +331,8 @@ def main():
                       "final_loss": reference[-1]["loss"]}), flush=True)
   for name in names:
     t = time.monotonic()
-    record = agreement(args) if name == "agreement" else scenario(
-        name, args, rng, reference, flags)
+    record = agreement(args) if name == "agreement" else save(args) \
+        if name == "save" else scenario(name, args, rng, reference, flags)
     record["wall_s"] = round(time.monotonic() - t, 1)
     record["load_avg_1m"] = round(os.getloadavg()[0], 1)
     print(json.dumps(record, sort_keys=True), flush=True)

@@ -647,6 +647,11 @@ class MeshImpl(object):
       return self.assemble_slices([v.value() for v in entry.slices],
                                   entry.shape)
 
+  def variable_full_values(self, entries):
+    """Full values of several VariableEntries, in order (one gathering
+    program for all on a multi-worker SPMD mesh: SimdMeshImpl)."""
+    return [self.variable_full_value(e) for e in entries]
+
 
 def _axis_tuple(mesh_axis):
   return tuple(mesh_axis) if isinstance(mesh_axis, (tuple, list)) else (

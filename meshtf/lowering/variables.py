@@ -102,6 +102,25 @@ class VariableStore(object):
     """All VariableEntries, sorted by name."""
     return [self._entries[n] for n in self.names()]
 
+  def full_values(self):
+    """{name: full value as a tf.Tensor} of every variable, gathered by one
+    program per mesh implementation (in a multi-worker mesh every worker
+    must call it, at the same point).
+
+    Example:
+      >>> sorted(store.full_values())
+      ['w']
+    """
+    groups = {}
+    for entry in self.entries():
+      groups.setdefault(id(entry.mesh_impl), []).append(entry)
+    values = {}
+    for group in groups.values():
+      with tf.init_scope():
+        full = group[0].mesh_impl.variable_full_values(group)
+      values.update((e.name, v) for e, v in zip(group, full))
+    return values
+
   def restore_values(self, values):
     """Sets variables from full values {name: numpy array}, whatever mesh
     or layout saved them: existing variables are assigned slice by slice

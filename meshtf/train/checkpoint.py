@@ -308,10 +308,7 @@ class CheckpointManager(object):
     the checkpoint, atomically.
     """
     step = int(step)
-    values = {}
-    for entry in variable_store.entries():
-      with tf.init_scope():
-        values[entry.name] = entry.full_value()
+    values = variable_store.full_values()
     for name in sorted(values):
       value = values[name]
       if value.dtype.is_floating and not bool(

@@ -216,6 +216,17 @@ def describe_exit(code):
   return "exited %s" % code
 
 
+def exits_line(codes):
+  """Every worker's exit, in task order.
+
+  Example:
+    >>> exits_line([3, -9, 3])
+    'worker 0 exited 3, worker 1 was killed by SIGKILL, worker 2 exited 3'
+  """
+  return ", ".join("worker %d %s" % (i, describe_exit(c))
+                   for i, c in enumerate(codes))
+
+
 def run_group(group, options, received, log, poll=0.1):
   """Waits for the group; returns (cause index or None, its exit code)."""
   cause = None
@@ -275,6 +286,9 @@ def launch(options, flags, out=None, err=None):
       cause, code = run_group(group, options, received, log)
       if cause is None:
         return 0
+      # What each worker did (a lost one's peers exit 3 with their line).
+      log("the workers' exits: %s" % exits_line(
+          [p.returncode for p in group.procs]))
       retry = (not received and attempt < options.restarts and
                (code < 0 or code in _RETRYABLE))
       if not retry:
@@ -308,7 +322,7 @@ def main(argv=None, out=None, err=None):
 
 
 __all__ = ["main", "launch", "parse", "check", "free_ports", "Group",
-           "describe_exit", "LaunchError"]
+           "describe_exit", "exits_line", "LaunchError"]
 
 
 if __name__ == "__main__":

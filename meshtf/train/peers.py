@@ -14,8 +14,11 @@ and the command that resumes. Exit code 3. How long it takes:
   coordination service (on task 0) stop, and after
   config.peer_timeout_seconds the service fails every other worker's
   collectives; when task 0 itself stops, the others' heartbeats to it fail
-  after the same time. That is the bound: peer_timeout_seconds, plus the
-  check below (PEER_CHECK_SECONDS) and LINGER_SECONDS. Choose it above the
+  after the same time. That is the bound of the loss being known:
+  peer_timeout_seconds, plus the check below (PEER_CHECK_SECONDS); a
+  survivor then exits within peer_timeout_seconds + PEER_CHECK_SECONDS
+  more (the linger below), so at most 2 x (peer_timeout_seconds +
+  PEER_CHECK_SECONDS) after the loss. Choose it above the
   longest pause a healthy worker makes (a heartbeat is a C++ thread, so a
   long step does not delay it; 30 s by default, a few seconds in tests);
 - a worker alive but stuck outside collectives: the collective watchdog
@@ -23,8 +26,12 @@ and the command that resumes. Exit code 3. How long it takes:
 
 Which worker is lost is asked, not guessed from TensorFlow's text: each
 survivor asks every other worker's TensorFlow server for its health (in
-parallel, PEER_CHECK_SECONDS each), then waits LINGER_SECONDS before it
-exits so that the other survivors' questions to it are answered. TensorFlow's
+parallel, PEER_CHECK_SECONDS each), then keeps answering the others'
+questions before it exits (linger): until every worker it found healthy
+has exited, or peer_timeout_seconds + PEER_CHECK_SECONDS have passed, and
+LINGER_SECONDS at least. A survivor that exited right after its own check
+would be named as lost too by one that asks later (a loaded host; seen on
+4 workers on 2 cores, tests/train/test_cluster.py). TensorFlow's
 own messages (RingReduce aborts, 'Restart your program to reset') go to
 model_dir/tensorflow-task<i>.log, not the terminal.
 
@@ -162,7 +169,8 @@ def lost_worker_error(workers, error, doing, model_dir, mesh_size,
   """
   started = time.monotonic()
   lost = unhealthy_workers(workers, error)
-  time.sleep(max(0.0, LINGER_SECONDS - (time.monotonic() - started)))
+  linger(workers, lost, started + max(
+      LINGER_SECONDS, peer_timeout_seconds + PEER_CHECK_SECONDS))
   if lost:
     who = "; ".join("worker %s was lost during %s (%s)" % (
         workers.describe(t), doing, why) for t, why in sorted(lost.items()))
@@ -176,6 +184,32 @@ def lost_worker_error(workers, error, doing, model_dir, mesh_size,
                kind, doing, log_path(model_dir, workers.index)))
   return errors.ClusterError("%s: %s. %s" % (
       who, kept_line(model_dir), resume_line(workers, mesh_size, argv)))
+
+
+def linger(workers, lost, until, poll_seconds=0.5):
+  """Keeps this worker (its TensorFlow server, which answers the health
+  checks) running after it named the lost workers, so that the other
+  survivors' checks find it: until every worker it found healthy has
+  exited (refuses connections) or `until` (time.monotonic()) has passed,
+  and at least LINGER_SECONDS from now. A survivor that asks later than
+  this one (a loaded host; one told of the loss by the coordination
+  service, up to peer_timeout_seconds later) would otherwise find it gone
+  and name it as lost too.
+
+  Example:
+    >>> linger(workers, {2: "its process is gone"}, time.monotonic() + 8)
+  """
+  least = time.monotonic() + LINGER_SECONDS
+  waiting = [t for t in range(workers.num_workers)
+             if t != workers.index and t not in lost]
+  while time.monotonic() < until:
+    if waiting and time.monotonic() >= least:
+      gone = unhealthy_workers(workers, None, 1.0)
+      waiting = [t for t in waiting if not gone.get(t, "").startswith(
+          ("its process is gone", "its process ended"))]
+    if not waiting and time.monotonic() >= least:
+      return
+    time.sleep(poll_seconds)
 
 
 def kept_line(model_dir):
@@ -297,6 +331,6 @@ class StopAgreement(object):
 
 
 __all__ = ["is_peer_failure", "unhealthy_workers", "lost_worker_error",
-           "kept_line", "resume_line", "log_path", "StopAgreement",
+           "linger", "kept_line", "resume_line", "log_path", "StopAgreement",
            "wait_for_all",
            "PEER_CHECK_SECONDS", "LINGER_SECONDS"]

@@ -3,7 +3,8 @@
 Usage: python multi_worker_main.py TASK PORT0,PORT1 STEPS
 Joins a 2-worker cluster on 127.0.0.1 with 4 virtual CPUs per worker,
 trains the two-layer network on one 8-device mesh with per-host input, and
-prints one JSON line: losses, the gathered weights and the input rows read.
+prints one JSON line: losses, the gathered weights (one by one and all at
+once, VariableStore.full_values) and the input rows read.
 """
 import json
 import os
@@ -47,9 +48,17 @@ def main():
   step = mtf.MeshFunction(build, impl)
   losses = [float(step()) for _ in range(steps)]
   w = step.variable_value("w")
+  # A checkpoint's gather: one program for all variables, traced at the
+  # first call and run again at the second (after one more step).
+  first = step.variable_store.full_values()
+  losses.append(float(step()))
+  again = {k: np.asarray(v).tolist()
+           for k, v in step.variable_store.full_values().items()}
   print("RESULT " + json.dumps({
       "task": task, "local": impl.local_pnums(), "losses": losses,
-      "w": np.asarray(w).tolist(), "rows_read": sorted(rows_read)}),
+      "w": np.asarray(w).tolist(), "rows_read": sorted(rows_read),
+      "all_first_w": np.asarray(first["w"]).tolist(), "all_again": again,
+      "w_again": np.asarray(step.variable_value("w")).tolist()}),
         flush=True)
 
 
