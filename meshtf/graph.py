@@ -230,7 +230,7 @@ class Operation(object):
   layout_spec = None
   layout_source = None
   # Set by mtf.gradients (meshtf/autodiff.py) for the sharding completion
-  # (meshtf/layouts/completion.py): forward_op is the operation whose
+  # (meshtf/layouts/completion/): forward_op is the operation whose
   # gradient rule made this one (the backward op then lowers under that
   # operation's layout); gradient_of the tensor whose gradient this op
   # sums (the parts of a gradient read by several operations).
@@ -349,7 +349,7 @@ class Operation(object):
   def layout_factors(self):
     """(input dim name, output dim name) pairs that are one index space
     under two names (a reshape's renamed or major dims): the sharding
-    completion carries a split across them (meshtf/layouts/completion.py).
+    completion carries a split across them (meshtf/layouts/completion/).
     Dims of the same name are one index space already."""
     return ()
 

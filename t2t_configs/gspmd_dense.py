@@ -17,7 +17,7 @@ rules are the same, the default for everything nothing annotates); its
 activation annotations are config.activation_layout, which the
 Transformer's layers apply to the residual stream (BSM), the attention
 projections (BSND), the feed-forward hidden (BSH) and the attention
-mask. The sharding completion (meshtf/layouts/completion.py) lays out the
+mask. The sharding completion (meshtf/layouts/completion/) lays out the
 rest, the backward pass included:
 
   variant     layout (weights)                   activation_layout

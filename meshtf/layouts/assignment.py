@@ -15,7 +15,7 @@ TensorFlow's model). Three things override that for a tensor:
 Each operation lowers under one layout of all its dims (its "computation
 layout"), and its outputs keep it; an input laid out otherwise is relaid
 (the MeshLayout's relayout plans) before the operation runs. The sharding
-completion (meshtf/layouts/completion.py) chooses every computation layout
+completion (meshtf/layouts/completion/) chooses every computation layout
 from the annotations, forward and backward, as GSPMD does: annotations and
 variable layouts fixed; a backward operation mirrors the forward operation
 whose gradient it is; then elementwise neighbours, broadcasts backward,

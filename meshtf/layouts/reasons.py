@@ -4,7 +4,7 @@ Every collective the lowering emits (Lowering.collective_stats) and the
 plan estimates (plan/estimate.py) carries a Reason: the operation whose
 lowering emitted it, the tensor it moved, and the two layouts that met --
 the layout the tensor was held in and the one it was wanted in -- each
-dim with the Origin of its axes (meshtf/layouts/completion.py: the
+dim with the Origin of its axes (meshtf/layouts/completion/: the
 annotation, variable layout or rule, and the operations it came through):
 
   relayout        an input held in one layout, read by an operation that

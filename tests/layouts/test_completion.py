@@ -1,4 +1,4 @@
-"""The sharding completion (meshtf/layouts/completion.py): GSPMD 3.5's
+"""The sharding completion (meshtf/layouts/completion/): GSPMD 3.5's
 propagation over forward and backward operations, with priorities, merged
 dims, inferred weights and an origin for every dim -- and, without
 annotations, exactly the rules' layouts.

@@ -17,14 +17,9 @@ Example:
   8
 """
 import contextlib
-import itertools
-import re
-import threading
-import time
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.eager import context as tf_context
 
 from meshtf.lowering import cluster
 from meshtf.lowering import constants
@@ -32,46 +27,9 @@ from meshtf.lowering import grappler as grappler_lib
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import mesh_impl as mesh_impl_lib
 from meshtf.lowering import simd_collectives
-
-# Process-wide key allocation: a group key names one set of devices for the
-# whole process, and instance keys must not repeat within a group.
-_KEY_LOCK = threading.Lock()
-_GROUP_KEY_BASES = {}
-_NEXT_GROUP_KEY = [1000]
-_INSTANCE_KEYS = itertools.count(1)
-
-
-def next_instance_key():
-  with _KEY_LOCK:
-    return next(_INSTANCE_KEYS)
-
-
-def _group_key_base(devices, groups):
-  """First of len(groups) consecutive group keys for this exact partition
-  of devices into groups (the same partition, from any mesh, reuses its
-  keys; TensorFlow requires a key to always mean one group)."""
-  key = (tuple(devices), groups.tobytes(), groups.shape)
-  with _KEY_LOCK:
-    if key not in _GROUP_KEY_BASES:
-      _GROUP_KEY_BASES[key] = _NEXT_GROUP_KEY[0]
-      _NEXT_GROUP_KEY[0] += len(groups)
-    return _GROUP_KEY_BASES[key]
-
-
-_DEVICE_NAME = re.compile(r"^/job:([^/]+)/replica:(\d+)/task:(\d+)"
-                          r"/device:([^:]+):(\d+)$")
-
-
-def device_rank_key(name):
-  """How TensorFlow orders the members of a collective group: by job,
-  replica, task, device type and numeric device index."""
-  m = _DEVICE_NAME.match(name)
-  if m:  # the common full name, without DeviceSpec's slower parser
-    return (m.group(1), int(m.group(2)), int(m.group(3)), m.group(4),
-            int(m.group(5)))
-  spec = tf.DeviceSpec.from_string(name)
-  return (spec.job or "", spec.replica or 0, spec.task or 0,
-          spec.device_type or "", spec.device_index or 0)
+from meshtf.lowering.simd import keys as keys_lib
+from meshtf.lowering.simd import slices as slices_lib
+from meshtf.lowering.simd import watchdog as watchdog_lib
 
 
 def _is_local_device(name):
@@ -81,97 +39,6 @@ def _is_local_device(name):
     return True
   spec = tf.DeviceSpec.from_string(name)
   return (spec.job, spec.task) == job_task
-
-
-class CollectiveTimeoutError(RuntimeError):
-  """A collective's peers did not all arrive within the timeout."""
-
-
-class _CollectiveWatchdog(object):
-  """One daemon thread that aborts this process's collective ops when a
-  watched program run passes its deadline (they then fail with
-  DeadlineExceeded instead of waiting forever).
-
-  Why not the ops' own timeout_seconds: TensorFlow implements it with
-  Env::SchedClosureAfter, which starts a thread that sleeps for the whole
-  timeout, per collective, per device, per step (measured: 32 threads per
-  step of an 8-device data-parallel step, 1,681 threads after 51 steps), so
-  a training loop runs out of threads within minutes.
-  """
-
-  def __init__(self):
-    self._cv = threading.Condition()
-    self._deadlines = {}
-    self._ids = itertools.count()
-    self._thread = None
-
-  @contextlib.contextmanager
-  def watch(self, seconds, what):
-    """Runs the body with a deadline of `seconds` (None/0: unwatched).
-    Yields a dict whose "fired" entry says whether the watchdog aborted."""
-    state = {"fired": False}
-    if not seconds:
-      yield state
-      return
-    with self._cv:
-      token = next(self._ids)
-      self._deadlines[token] = (time.monotonic() + seconds, what, state)
-      if self._thread is None:
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name="meshtf-collective-watchdog")
-        self._thread.start()
-      self._cv.notify()
-    try:
-      yield state
-    finally:
-      with self._cv:
-        self._deadlines.pop(token, None)
-        self._cv.notify()
-
-  def _run(self):
-    with self._cv:
-      while True:
-        if not self._deadlines:
-          self._cv.wait()
-          continue
-        token = min(self._deadlines, key=lambda k: self._deadlines[k][0])
-        deadline, what, state = self._deadlines[token]
-        now = time.monotonic()
-        if now < deadline:
-          self._cv.wait(deadline - now)
-          continue
-        del self._deadlines[token]
-        state["fired"] = True
-        tf_context.context().abort_collective_ops(
-            tf.errors.DEADLINE_EXCEEDED,
-            "meshtf: collectives of %s did not complete in time" % what)
-
-
-_WATCHDOG = _CollectiveWatchdog()
-
-
-def explain_timeout(error, mesh_impl):
-  """A CollectiveTimeoutError saying what a DeadlineExceeded means here."""
-  return CollectiveTimeoutError(
-      "A collective on mesh %s did not complete within %.1f s: a device or "
-      "worker of the mesh is missing, stuck or failed (mesh devices: %s%s). "
-      "If steps are legitimately this slow, raise collective_timeout_seconds "
-      "of the SimdMeshImpl. TensorFlow said: %s" % (
-          ";".join("%s:%d" % (d.name, d.size) for d in mesh_impl.shape.dims),
-          mesh_impl.collective_timeout_seconds,
-          ", ".join(mesh_impl.devices[:4]),
-          ", ..." if mesh_impl.size > 4 else "",
-          str(error).strip().splitlines()[0] if str(error).strip() else ""))
-
-
-class PerDeviceSlices(object):
-  """The slices of one tensor on every device, after a program ran."""
-
-  def __init__(self, tensor_list, whole=False):
-    self.tensor_list = list(tensor_list)
-    self.whole = whole  # each entry is already the full tensor
-
-  all_slices = property(lambda self: self.tensor_list)
 
 
 class _ProgramContext(object):
@@ -237,7 +104,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         "grappler": grappler_lib.check_grappler(grappler, "SimdMeshImpl")}
     self._overrides = []
     # Each processor's rank among all devices in TF's collective order.
-    keys = [device_rank_key(d) for d in devices]
+    keys = [keys_lib.device_rank_key(d) for d in devices]
     self._rank_of = np.empty(len(devices), np.int64)
     self._rank_of[sorted(range(len(devices)), key=keys.__getitem__)] = \
         np.arange(len(devices))
@@ -414,7 +281,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         except (tf.errors.DeadlineExceededError,
                 tf.errors.CancelledError) as e:
           if watch["fired"]:
-            raise explain_timeout(e, self) from e
+            raise watchdog_lib.explain_timeout(e, self) from e
           raise
     return launch_all()
 
@@ -450,7 +317,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         except (tf.errors.DeadlineExceededError,
                 tf.errors.CancelledError) as e:
           if watch["fired"]:
-            raise explain_timeout(e, self) from e
+            raise watchdog_lib.explain_timeout(e, self) from e
           raise
     return run
 
@@ -465,8 +332,9 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
       >>> with impl.collective_watchdog() as watch:
       ...   my_step()          # a tf.function that lowers on impl
     """
-    return _WATCHDOG.watch(self._timeout * allowance, "mesh %s" % ";".join(
-        "%s:%d" % (d.name, d.size) for d in self.shape.dims))
+    return watchdog_lib.WATCHDOG.watch(
+        self._timeout * allowance, "mesh %s" % ";".join(
+            "%s:%d" % (d.name, d.size) for d in self.shape.dims))
 
   def run_program(self, body, per_device_args, arg_specs, handles=()):
     """trace_program, then launch: for each processor, its results."""
@@ -550,13 +418,14 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     results = self.launch(program, per_device)
     lowering.tensors.clear()
     for i, t in enumerate(chosen):
-      lowering.tensors[t] = PerDeviceSlices(
+      lowering.tensors[t] = slices_lib.PerDeviceSlices(
           [None if r is None else r[i] for r in results],
           whole=self.is_multi_worker)
     for i, (t, raw) in enumerate(pending.items()):
       # Made while the lowering still records: exports are counted.
-      lowering.tensors[t] = HostPendingSum(
-          self, PerDeviceSlices([r[len(chosen) + i] for r in results]),
+      lowering.tensors[t] = slices_lib.HostPendingSum(
+          self, slices_lib.PerDeviceSlices(
+              [r[len(chosen) + i] for r in results]),
           raw.mesh_axes)
 
   # --- local computation --------------------------------------------------
@@ -613,7 +482,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   def export_to_tf_tensor(self, x, shape):
     """The full tensor, assembled on the host from every device's slice
     (each device's slice is copied once to the first device)."""
-    if not isinstance(x, PerDeviceSlices):
+    if not isinstance(x, slices_lib.PerDeviceSlices):
       raise ValueError(
           "export_to_tf_tensor on the SPMD backend works after the program "
           "ran: pass the tensor in Lowering(..., outputs=[...]) (or return it "
@@ -675,7 +544,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         strides[a] = acc
         acc *= self.shape.dims[a].size
       self._tables[mesh_axes] = simd_collectives.GroupTable(
-          base_key=_group_key_base(self._devices, groups),
+          base_key=keys_lib.group_key_base(self._devices, groups),
           group_size=int(groups.shape[1]),
           strides=strides,
           rank_to_pos=None if identity else rank_to_pos.astype(np.int32))
@@ -714,7 +583,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
                        ("group_key", table.base_key, tuple(sorted(
                            table.strides.items()))),
                        lambda: table.base_key + self.group_index(table))),
-        instance_key=tf.constant(next_instance_key(), tf.int32),
+        instance_key=tf.constant(keys_lib.next_instance_key(), tf.int32),
         ordering_token=[ctx.token],
         communication_hint=self.communication_hint,
         # 0: no per-op timer thread; the watchdog handles timeouts.
@@ -788,12 +657,3 @@ def _unmaterialized(lowering, operations):
   return [t for op in operations for t in op.outputs
           if isinstance(lowering.tensors.raw(t), lowering_lib.PendingSum)
           and not lowering.tensors.raw(t).materialized]
-
-
-class HostPendingSum(lowering_lib.PendingSum):
-  """Partial sums that left the program unreduced; exporting one sums them
-  over their groups on the host (counted as an allreduce)."""
-
-  def _reduce(self):
-    return PerDeviceSlices(self.mesh_impl.host_allreduce(
-        self.laid_out.tensor_list, list(self.mesh_axes), "SUM"))
