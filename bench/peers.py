@@ -261,8 +261,8 @@ def _has_jax():
 
 
 def runs_of(frameworks, device_counts, trees=()):
-  """One dict per run; with trees [(label, dir)], each meshtf framework's
-  runs once per tree (tf and jax do not import meshtf's lowering)."""
+  """One dict per run; with trees [(label, dir)], the meshtf (SPMD) runs
+  once per tree (the compared backend; the others run from this one)."""
   out = []
   for fw in frameworks:
     for n in device_counts:
@@ -274,7 +274,7 @@ def runs_of(frameworks, device_counts, trees=()):
       for name, mesh, layout in named:
         run = dict(framework=fw, devices=n, layout_name=name, mesh=mesh,
                    layout=layout)
-        if trees and fw.startswith("meshtf"):
+        if trees and fw == "meshtf":
           out.extend(dict(run, tree=label, tree_dir=path)
                      for label, path in trees)
         else:
@@ -320,7 +320,8 @@ def main(argv=None):
   p.add_argument("--steps", type=int, default=20, help="timed steps per run")
   p.add_argument("--warmup", type=int, default=5)
   p.add_argument("--trees", default="",
-                 help="LABEL=DIR,...: meshtf runs once per checkout, "
+                 help="LABEL=DIR,...: the meshtf (SPMD) runs once per "
+                 "checkout, "
                  "interleaved (e.g. before=/tmp/main,after=.)")
   p.add_argument("--table", help="print the markdown table of a saved run "
                  "(its JSON lines) and exit")
@@ -401,8 +402,7 @@ def _print_summary(common, runs, medians):
     if own and run["devices"] > 1:
       ratios[key + "/over_own_1_device"] = medians[key] / own
     if run["framework"] == "meshtf":
-      tree = "@" + run["tree"] if run.get("tree") else ""
-      for fw in ("jax", "tf", "meshtf_placement" + tree):
+      for fw in ("jax", "tf", "meshtf_placement"):
         peer = medians.get(key.replace(_column(run) + "/", fw + "/", 1))
         if peer and run["devices"] > 1:
           ratios[key + "/meshtf_over_" + fw] = medians[key] / peer
