@@ -65,6 +65,25 @@ def default_grappler(devices, jit_compile):
   return "off"
 
 
+# (previous options' executor type and config, mode) -> the options to call
+# with: a step calls its function under them every step, and building and
+# serializing the ConfigProto each time cost ~60 us of Python per call.
+_CALL_OPTIONS = {}
+
+
+def _options_for(previous, mode):
+  key = (previous.executor_type, previous.config_proto_serialized, mode)
+  options = _CALL_OPTIONS.get(key)
+  if options is None:
+    config = config_pb2.ConfigProto()
+    if previous.config_proto_serialized:
+      config.ParseFromString(previous.config_proto_serialized)
+    config.graph_options.rewrite_options.disable_meta_optimizer = True
+    options = _CALL_OPTIONS[key] = tf_context.FunctionCallOptions(
+        executor_type=previous.executor_type, config_proto=config)
+  return options
+
+
 @contextlib.contextmanager
 def call_options(mode):
   """While active, tf.function calls made on this thread -- calls run
@@ -81,12 +100,7 @@ def call_options(mode):
     return
   context = tf_context.context()
   previous = context.function_call_options
-  config = config_pb2.ConfigProto()
-  if previous.config_proto_serialized:
-    config.ParseFromString(previous.config_proto_serialized)
-  config.graph_options.rewrite_options.disable_meta_optimizer = True
-  context.function_call_options = tf_context.FunctionCallOptions(
-      executor_type=previous.executor_type, config_proto=config)
+  context.function_call_options = _options_for(previous, mode)
   try:
     yield
   finally:

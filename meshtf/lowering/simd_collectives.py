@@ -182,11 +182,19 @@ def _merge_leading(y, axis, n):
   return tf.reshape(y, merged)
 
 
+def _with_shape(t, shape):
+  """t with its static shape set (the collective ops' shape functions give
+  none). Not tf.ensure_shape: that is one more op for the executor to run
+  per collective, per device, per step, checking what the op guarantees."""
+  t.set_shape(shape)
+  return t
+
+
 def all_reduce(t, reduction, args):
   wire, back = _to_wire(t)
-  return back(tf.ensure_shape(tf.raw_ops.CollectiveReduceV2(
+  return back(_with_shape(tf.raw_ops.CollectiveReduceV2(
       input=wire, merge_op=_MERGE[reduction], final_op="Id", **args),
-                              wire.shape))
+                          wire.shape))
 
 
 def all_concat(t, concat_axis, table, group_index, args):
@@ -207,8 +215,8 @@ def _exchange(x, table, group_index, args):
   wire, back = _to_wire(x, moves_only=True)
   if rank_to_pos is not None:
     wire = tf.gather(wire, rank_to_pos)
-  y = tf.ensure_shape(tf.raw_ops.CollectiveAllToAllV2(input=wire, **args),
-                      wire.shape)
+  y = _with_shape(tf.raw_ops.CollectiveAllToAllV2(input=wire, **args),
+                  wire.shape)
   if pos_to_rank is not None:
     y = tf.gather(y, pos_to_rank)
   return back(y)

@@ -167,3 +167,23 @@ def test_collective_timeout_starts_no_thread_per_collective():
     step(x)
   assert impl.collective_timeout_seconds == 600.0
   assert len(os.listdir("/proc/self/task")) - before < 8
+
+
+def test_watchdog_fires_a_short_deadline_after_a_long_watch_ended():
+  """The watchdog's thread sleeps until the deadline it last saw, so a
+  step's watch with the same timeout need not wake it; a watch with an
+  earlier deadline than that must, and still fires on time."""
+  import time  # pylint: disable=g-import-not-at-top
+  from meshtf.lowering.simd import watchdog  # pylint: disable=g-import-not-at-top
+  aborted = []
+  dog = watchdog.CollectiveWatchdog(abort=aborted.append)
+  for _ in range(50):       # a training loop's steps: nothing fires
+    with dog.watch(600.0, "long") as state:
+      pass
+  assert not state["fired"] and not aborted
+  with dog.watch(0.2, "short") as state:
+    waited = time.monotonic()
+    while not state["fired"] and time.monotonic() - waited < 30:
+      time.sleep(0.05)
+  assert state["fired"]
+  assert aborted == ["meshtf: collectives of short did not complete in time"]

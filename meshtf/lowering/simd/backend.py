@@ -52,6 +52,16 @@ class _ProgramContext(object):
     self.imports = imports
 
 
+# A lowered graph of at most this many meshtf operations (inner ones
+# included) is inlined into its launch: TensorFlow then runs every device's
+# ops in one function instead of calling a function per device at every
+# step (the paper's two-layer step, ~30 operations, on 8 virtual CPUs:
+# 0.4-0.5 ms less CPU per step, and its first call is no slower), while a
+# large model keeps the per-device calls that halve its first step's time
+# (each device's copy instantiated by itself: see trace_program).
+INLINE_PROGRAM_OPERATIONS = 128
+
+
 class SimdMeshImpl(mesh_impl_lib.MeshImpl):
   """SPMD mesh implementation on TF collective ops (CPU, GPU, multi-worker).
 
@@ -211,13 +221,15 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
         self._tokens = tokens
     return self._tokens
 
-  def trace_program(self, body, arg_specs, handles=()):
+  def trace_program(self, body, arg_specs, handles=(), inline=False):
     """Traces body once as the per-device program; returns the concrete
     function program(pnum, [token,] *handles, *args).
 
     While body runs, this impl's slicewise/collective methods act on the
     local slice. handles names the variables whose resource handles the
-    program takes, in order, before the other arguments.
+    program takes, in order, before the other arguments. inline: the
+    launch holds the program's ops itself instead of calling it on each
+    device (see INLINE_PROGRAM_OPERATIONS).
     """
     n_handles = len(handles)
     n_token = 1 if self.uses_ordering_token else 0
@@ -249,8 +261,11 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     # optimizes (Grappler) each device's copy of the program by itself, on
     # the executor's threads, instead of one graph holding every device's
     # copy (lm_tiny's first run 72-80 s -> 40-50 s at load ~11 on 2 cores;
-    # bench/first_step.py). XLA's whole-program compile keeps TF's default.
-    attributes = {"_noinline": True} if jit != "program" else None
+    # bench/first_step.py). XLA's whole-program compile keeps TF's default,
+    # and so does a small program (inline): there the per-step cost of a
+    # function call per device is what counts.
+    attributes = ({"_noinline": True} if jit != "program" and not inline
+                  else None)
     return tf.function(program, autograph=False,
                        jit_compile=True if jit == "program" else None,
                        experimental_attributes=attributes
@@ -408,7 +423,10 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
           local.append(pending[t].laid_out.one_slice)
       return local
 
-    program = self.trace_program(body, specs, handles=names)
+    program = self.trace_program(
+        body, specs, handles=names, inline=sum(
+            1 for _ in lowering_lib.all_operations(operations)) <=
+        INLINE_PROGRAM_OPERATIONS)
     lowering.program = program
     if not launch:
       return
@@ -589,16 +607,38 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
           rank_to_pos=None if identity else rank_to_pos.astype(np.int32))
     return self._tables[mesh_axes]
 
+  def _group_indices(self, table):
+    """numpy int32 [size]: each processor's group index under table."""
+    index = np.zeros(self.size, np.int32)
+    for p in range(self.size):
+      coords = self.pnum_to_processor_coordinates(p)
+      index[p] = sum(coords[a] * stride for a, stride in table.strides.items())
+    return index
+
+  def _by_pnum(self, values):
+    """values[pnum] for this processor: one Gather from a constant table
+    (the coordinate arithmetic it replaces was 4-5 scalar ops, each run by
+    the executor on every device at every step)."""
+    return tf.gather(constants.constant(values, tf.int32),
+                     self._context().pnum)
+
   def group_index(self, table):
     """Index of this processor's group (int32 tensor), made once per
     program and group table."""
-    def make():
-      index = tf.constant(0, tf.int32)
-      for a, stride in table.strides.items():
-        index = index + self.pcoord(a) * stride
-      return index
-    return constants.cached(("group_index", tuple(sorted(
-        table.strides.items()))), make)
+    if not table.strides:
+      return constants.int32(0)
+    return constants.cached(
+        ("group_index", tuple(sorted(table.strides.items()))),
+        lambda: self._by_pnum(self._group_indices(table)))
+
+  def _group_key(self, table):
+    """This processor's group key: a constant for a group over the whole
+    mesh (XLA wants constant keys), else one lookup by pnum."""
+    if not table.strides:
+      return constants.int32(table.base_key)
+    return constants.cached(
+        ("group_key", table.base_key, tuple(sorted(table.strides.items()))),
+        lambda: self._by_pnum(table.base_key + self._group_indices(table)))
 
   def _collective_args(self, mesh_axes, kind, reduction=None):
     table = self.group_tables(mesh_axes)
@@ -617,11 +657,7 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
                 self.shape, why))
     return table, dict(
         group_size=constants.int32(table.group_size),
-        group_key=(constants.int32(table.base_key) if not table.strides
-                   else constants.cached(
-                       ("group_key", table.base_key, tuple(sorted(
-                           table.strides.items()))),
-                       lambda: table.base_key + self.group_index(table))),
+        group_key=self._group_key(table),
         instance_key=tf.constant(keys_lib.next_instance_key(), tf.int32),
         ordering_token=[ctx.token],
         communication_hint=self.communication_hint,

@@ -21,6 +21,11 @@ class CollectiveTimeoutError(RuntimeError):
   """A collective's peers did not all arrive within the timeout."""
 
 
+def _abort_collectives(message):
+  tf_context.context().abort_collective_ops(tf.errors.DEADLINE_EXCEEDED,
+                                            message)
+
+
 class CollectiveWatchdog(object):
   """One daemon thread that aborts this process's collective ops when a
   watched program run passes its deadline (they then fail with
@@ -33,11 +38,19 @@ class CollectiveWatchdog(object):
   a training loop runs out of threads within minutes.
   """
 
-  def __init__(self):
+  def __init__(self, abort=None):
+    # abort(message): what firing does (default: abort this process's
+    # collective ops with DeadlineExceeded).
+    self._abort = abort or _abort_collectives
     self._cv = threading.Condition()
     self._deadlines = {}
     self._ids = itertools.count()
     self._thread = None
+    # When the thread wakes next on its own (inf: only when notified). A
+    # watch whose deadline comes later needs no notify, and an exit none:
+    # the thread recomputes at that time. So a training loop (one watch
+    # per step, same timeout) wakes it once per timeout, not twice a step.
+    self._wake_at = float("inf")
 
   @contextlib.contextmanager
   def watch(self, seconds, what):
@@ -49,36 +62,40 @@ class CollectiveWatchdog(object):
       return
     with self._cv:
       token = next(self._ids)
-      self._deadlines[token] = (time.monotonic() + seconds, what, state)
+      deadline = time.monotonic() + seconds
+      self._deadlines[token] = (deadline, what, state)
       if self._thread is None:
         self._thread = threading.Thread(target=self._run, daemon=True,
                                         name="meshtf-collective-watchdog")
         self._thread.start()
-      self._cv.notify()
+      if deadline < self._wake_at:
+        self._cv.notify()
     try:
       yield state
     finally:
       with self._cv:
         self._deadlines.pop(token, None)
-        self._cv.notify()
 
   def _run(self):
     with self._cv:
       while True:
-        if not self._deadlines:
-          self._cv.wait()
-          continue
-        token = min(self._deadlines, key=lambda k: self._deadlines[k][0])
-        deadline, what, state = self._deadlines[token]
         now = time.monotonic()
-        if now < deadline:
-          self._cv.wait(deadline - now)
-          continue
-        del self._deadlines[token]
-        state["fired"] = True
-        tf_context.context().abort_collective_ops(
-            tf.errors.DEADLINE_EXCEEDED,
-            "meshtf: collectives of %s did not complete in time" % what)
+        for token in [k for k, (deadline, _, _) in self._deadlines.items()
+                      if deadline <= now]:
+          _, what, state = self._deadlines.pop(token)
+          state["fired"] = True
+          self._abort("meshtf: collectives of %s did not complete in time"
+                      % what)
+        if self._deadlines:
+          self._wake_at = min(d for d, _, _ in self._deadlines.values())
+        elif self._wake_at <= now:
+          self._wake_at = float("inf")
+        # Else the last deadline ended early: sleep until it anyway, so
+        # that the next step's (later) deadline needs no notify.
+        if self._wake_at == float("inf"):
+          self._cv.wait()
+        else:
+          self._cv.wait(self._wake_at - now)
 
 
 WATCHDOG = CollectiveWatchdog()
