@@ -543,10 +543,9 @@ def _stage_axis_problems(config, layout):
     return ["pipeline_stages=%d but --layout %r puts dim 'stage' on no mesh "
             "axis: add 'stage:<axis>' naming a mesh axis of size %d (mesh "
             "%r)" % (stages, str(config.layout), stages, mesh)]
+  from meshtf import shapes
   sizes = {d.name: d.size for d in layout.mesh_shape.dims}
-  size = 1
-  for a in axes:
-    size *= sizes.get(a, 1)
+  size = shapes.prod(sizes.get(a, 1) for a in axes)
   if size != stages:
     return ["pipeline_stages=%d but --layout %r puts dim 'stage' on mesh "
             "axis %s of size %d (mesh %r): use a mesh axis of size %d for "
