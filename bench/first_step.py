@@ -71,6 +71,7 @@ def t5_small():
   """A T5-small-sized encoder-decoder: 6 + 6 layers, d_model 512, 8 heads
   of d_kv 64, d_ff 2048, vocabulary 32,128 (190 variables with Adam's
   slots); data:4;model:2 as lm_tiny."""
+  from meshtf.layouts import presets
   from meshtf.train import config as config_lib
   c = config_lib.load_file(os.path.join(ROOT, "t2t_configs",
                                         "translate_tiny.py"))
@@ -84,7 +85,7 @@ def t5_small():
   c.batch_size = 8
   c.length = 32
   c.mesh_shape = "data:4;model:2"
-  c.layout = "batch:data;heads:model;d_ff:model;vocab:model"
+  c.layout = presets.STANDARD
   return c
 
 

@@ -33,12 +33,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np  # noqa: E402
 
+from meshtf.layouts import presets  # noqa: E402
+
 SIZES = dict(vocab_size=64, d_model=32, num_layers=2, num_heads=4, d_kv=8,
              d_ff=64, max_length=16)
 MATMUL_LIMITS = {"float32": 1e-5, "tf32": 2e-3, "bfloat16": 1e-2}
 LOSS_LIMIT = 1e-4
 BF16_LOSS_LIMIT = 2e-2
-MODEL_LAYOUT = "batch:data;heads:model;d_ff:model;vocab:model"
+MODEL_LAYOUT = presets.STANDARD
 
 
 def emit(**fields):

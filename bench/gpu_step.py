@@ -52,6 +52,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import numpy as np  # noqa: E402
 
+from meshtf.layouts import presets  # noqa: E402
+
 # Dense bf16 peak flops per GPU (vendor datasheets, without sparsity),
 # matched in order against the device name TensorFlow reports.
 PEAK_BF16_FLOPS = (
@@ -225,7 +227,7 @@ def plan_runs(args, devices):
     shapes["data"] = ("all:%d" % n, "batch:all", devices[:n])
     if n % m == 0 and m > 1:
       shapes["model"] = ("data:%d;model:%d" % (n // m, m),
-                         "batch:data;heads:model;d_ff:model;vocab:model",
+                         presets.STANDARD,
                          devices[:n])
   return [("%s/%s" % (l, jit), shapes[l][0], shapes[l][1], shapes[l][2], jit)
           for l in args.layout_names if l in shapes for jit in args.jit_modes]

@@ -35,6 +35,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import meshtf as mtf  # noqa: E402
+from meshtf.layouts import presets  # noqa: E402
 from meshtf.models import training  # noqa: E402
 from meshtf.train import config as config_lib  # noqa: E402
 from meshtf.train import experiment  # noqa: E402
@@ -42,8 +43,8 @@ from meshtf.train import experiment  # noqa: E402
 N = 8
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "t2t_configs")
 RUNS = {  # config: (layout, variable layout of the sharded run)
-    "lm_tiny": ("batch:data", "d_model:data"),
-    "moe_tiny": ("batch:data;group:data;experts:data",
+    "lm_tiny": (presets.DATA_PARALLEL, "d_model:data"),
+    "moe_tiny": (presets.expert_parallel(),
                  "experts:data;d_model:data"),
 }
 

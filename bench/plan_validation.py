@@ -71,6 +71,7 @@ import tensorflow as tf  # noqa: E402
 
 import meshtf as mtf  # noqa: E402
 import meshtf.plan  # noqa: E402,F401
+from meshtf.layouts import presets  # noqa: E402
 from meshtf.models import training  # noqa: E402
 from meshtf.train import config as config_lib  # noqa: E402
 from meshtf.train import experiment  # noqa: E402
@@ -80,24 +81,19 @@ WIDE = dict(d_model=128, d_ff=512, d_kv=32, vocab_size=512, batch_size=32,
             length=32)
 LAYOUTS = {  # config: [(mesh_shape, layout, variable_layout)]
     "lm_tiny": [
-        ("data:8", "batch:data", ""),
-        ("data:8", "batch:data", "d_model:data"),
-        ("data:4;model:2", "batch:data;heads:model;d_ff:model;vocab:model",
-         ""),
-        ("data:2;model:4", "batch:data;heads:model;d_ff:model;vocab:model",
-         ""),
-        ("model:8", "heads:model;d_ff:model;vocab:model", ""),
+        ("data:8", presets.DATA_PARALLEL, ""),
+        ("data:8", presets.DATA_PARALLEL, "d_model:data"),
+        ("data:4;model:2", presets.STANDARD, ""),
+        ("data:2;model:4", presets.STANDARD, ""),
+        ("model:8", presets.model_parallel(), ""),
         ("data:2;model:4", "batch:data;d_model:model", ""),
         ("data:4;model:2", "batch:data+model", ""),
     ],
     "moe_tiny": [
-        ("data:8", "batch:data;group:data;experts:data", ""),
-        ("data:8", "batch:data;group:data;experts:data",
-         "experts:data;d_model:data"),
-        ("data:4;model:2", "batch:data;group:data;experts:data;heads:model;"
-         "d_ff:model;vocab:model;expert_hidden:model", ""),
-        ("data:2;model:4", "batch:data;group:data;experts:data;heads:model;"
-         "d_ff:model;vocab:model;expert_hidden:model", ""),
+        ("data:8", presets.expert_parallel(), ""),
+        ("data:8", presets.expert_parallel(), "experts:data;d_model:data"),
+        ("data:4;model:2", presets.MOE_STANDARD, ""),
+        ("data:2;model:4", presets.MOE_STANDARD, ""),
         ("data:8", "batch:data;group:data", ""),
         ("model:8", "heads:model;d_ff:model;vocab:model;expert_hidden:model",
          ""),

@@ -96,6 +96,19 @@ def convert_to_dimension(d):
   return Dimension(name, size)
 
 
+def prod(values):
+  """The product of integers (1 for none): element counts, processors.
+
+  Example:
+    >>> prod([2, 3, 4]), prod([])
+    (24, 1)
+  """
+  out = 1
+  for v in values:
+    out *= v
+  return out
+
+
 class Shape(object):
   """An ordered tuple of Dimensions with unique names.
 
@@ -181,16 +194,22 @@ class Shape(object):
 
   @property
   def size(self):
-    result = 1
-    for d in self._dims:
-      result *= d.size
-    return result
+    return prod(d.size for d in self._dims)
+
+  def group_size(self, axes):
+    """Of a mesh shape: the processors in one group along mesh `axes`
+    (indices or names), the product of their sizes.
+
+    Example:
+      >>> mesh = convert_to_shape("rows:2;cols:4")
+      >>> mesh.group_size([0, 1]), mesh.group_size(["cols"])
+      (8, 4)
+    """
+    return prod(self.get_dim_by_name(a).size if isinstance(a, str)
+                else self._dims[a].size for a in axes)
 
   def cumprod_to_tensor_axis(self, axis):
-    result = 1
-    for d in self._dims[:axis]:
-      result *= d.size
-    return result
+    return prod(d.size for d in self._dims[:axis])
 
   def get_dim_by_name(self, name):
     for d in self._dims:

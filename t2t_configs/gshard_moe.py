@@ -46,6 +46,7 @@ auxiliary-loss coefficient is 0.01 in Lingvo's scaling (E**2 times ours).
 Adafactor with factored second moments, beta1 = 0, update clipping 1.0 and
 rsqrt decay after 10k steps, as in appendix A.2. Symbolic use only.
 """
+from meshtf.layouts import presets
 from meshtf.train import config as config_lib
 
 ROWS = {  # name: (experts per layer, enc+dec layers, batch tokens)
@@ -101,7 +102,7 @@ def get_config(row="table1_2048E_36L"):
   c.moe.min_expert_capacity = 1
   c.moe.loss_coef = 0.01 * experts ** 2
   c.mesh_shape = "cores:%d" % experts
-  c.layout = "batch:cores;group:cores;experts:cores"
+  c.layout = presets.expert_parallel("cores")
   c.optimizer = "adafactor"
   c.plan_hardware = "tpuv3"         # --mode=plan: the paper's TPU v3 cores
   c.learning_rate = 0.01              # 1 / sqrt(max(step, 10k))

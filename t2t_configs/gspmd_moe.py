@@ -53,6 +53,7 @@ cpu2_paper_memory_2026-11-27.jsonl, one run of bench/paper_memory.py).
 
 Symbolic use only (32 to 2,048 devices): --mode=plan.
 """
+from meshtf.layouts import presets
 from meshtf.train import config as config_lib
 
 ROWS = {"10B_32E": 32, "37B_128E": 128, "145B_512E": 512, "577B_2048E": 2048}
@@ -95,7 +96,7 @@ def get_config(row="577B_2048E"):
   c.moe.min_expert_capacity = 1
   c.moe.loss_coef = 0.01 * experts ** 2
   c.mesh_shape = "cores:%d" % experts
-  c.layout = "batch:cores;group:cores;experts:cores"
+  c.layout = presets.expert_parallel("cores")
   c.optimizer = "adafactor"
   c.plan_hardware = "tpuv3"
   c.learning_rate = 0.01

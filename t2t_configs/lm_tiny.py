@@ -7,6 +7,7 @@ layout, scaled down). Reaches 99% held-out token accuracy at step 225
   python -m meshtf.train --mode=decode --model_dir=/tmp/lm \
       --config.decode_prompts_file=t2t_configs/lm_tiny_prompts.txt
 """
+from meshtf.layouts import presets
 from meshtf.train import config as config_lib
 
 
@@ -15,5 +16,5 @@ def get_config():
   c.moe.num_experts = 0
   c.task.problem = "copy"
   c.mesh_shape = "data:4;model:2"
-  c.layout = "batch:data;heads:model;d_ff:model;vocab:model"
+  c.layout = presets.STANDARD
   return c

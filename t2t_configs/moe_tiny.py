@@ -7,6 +7,7 @@ default experiment.
 
   python -m meshtf.train --config=t2t_configs/moe_tiny.py
 """
+from meshtf.layouts import presets
 from meshtf.train import config as config_lib
 
 
@@ -17,6 +18,5 @@ def get_config():
   c.moe.gating = "top_2"
   c.task.problem = "reverse"
   c.mesh_shape = "data:4;model:2"
-  c.layout = ("batch:data;group:data;experts:data;heads:model;d_ff:model;"
-              "vocab:model;expert_hidden:model")
+  c.layout = presets.MOE_STANDARD
   return c

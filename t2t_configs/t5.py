@@ -30,6 +30,7 @@ What a size needs on a mesh, without devices:
   python -m meshtf.train --config=t2t_configs/t5.py:t5.1.1_xxl --mode=plan \\
       --model_dir=/tmp/t5_plan
 """
+from meshtf.layouts import presets
 from meshtf.train import config as config_lib
 
 # size -> (d_model, d_ff, num_heads, d_kv, num_layers per stack,
@@ -106,7 +107,7 @@ def get_config(arg="t5.1.1_small"):
   c.activation_dtype = "bfloat16"
   data = max(CORES // model_parallel, 1)
   c.mesh_shape = "data:%d;model:%d" % (data, model_parallel)
-  c.layout = "batch:data;heads:model;d_ff:model;vocab:model"
+  c.layout = presets.STANDARD
   if size == "tiny":
     c.vocab_size = 128
     c.length = 32

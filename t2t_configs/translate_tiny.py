@@ -4,6 +4,7 @@ CPUs.
 
   python -m meshtf.train --config=t2t_configs/translate_tiny.py
 """
+from meshtf.layouts import presets
 from meshtf.train import config as config_lib
 
 
@@ -14,5 +15,5 @@ def get_config():
   c.task.problem = "reverse"
   c.length = 10
   c.mesh_shape = "data:2;model:4"
-  c.layout = "batch:data;heads:model;d_ff:model;vocab:model"
+  c.layout = presets.STANDARD
   return c

@@ -63,10 +63,7 @@ class DimSplit(collections.namedtuple(
 
   @property
   def num_shards(self):
-    n = 1
-    for size in self.axis_sizes:
-      n *= size
-    return n
+    return shapes.prod(self.axis_sizes)
 
   @property
   def is_split(self):
@@ -229,6 +226,15 @@ class MeshLayout(object):
   def axis_size(self, mesh_axis):
     return self._mesh.dims[mesh_axis].size
 
+  def group_size(self, mesh_axes):
+    """Processors in one group along mesh_axes (indices or names).
+
+    Example:
+      >>> MeshLayout("x:2;y:4", "").group_size([0, 1])
+      8
+    """
+    return self._mesh.group_size(mesh_axes)
+
   def mesh_axis_names(self, mesh_axes):
     return tuple(self._mesh.dims[a].name for a in mesh_axes)
 
@@ -296,11 +302,8 @@ class MeshLayout(object):
     for i, (d, axes) in enumerate(zip(shape.dims, layout.dim_axes)):
       axes = tuple(a for a in axes if self._mesh.dims[a].size > 1)
       sizes = tuple(self._mesh.dims[a].size for a in axes)
-      n = 1
-      for size in sizes:
-        n *= size
       out.append(DimSplit(i, d.name, d.size, axes, sizes,
-                          shard_size(d.size, n)))
+                          shard_size(d.size, shapes.prod(sizes))))
     return out
 
   def dim_split(self, shape, dim):
@@ -328,10 +331,8 @@ class MeshLayout(object):
     shape = _as_shape(shape)
     size = self._slice_sizes.get(shape)
     if size is None:
-      size = 1
-      for s in self.dim_splits(shape):
-        size *= s.shard_size
-      self._slice_sizes[shape] = size
+      size = self._slice_sizes[shape] = shapes.prod(
+          s.shard_size for s in self.dim_splits(shape))
     return size
 
   def slice_begin(self, shape, pnum):
@@ -355,8 +356,7 @@ class MeshLayout(object):
       {'elements': 250, 'padded_elements': 252, 'padding_fraction': 0.0079}
     """
     shape = _as_shape(shape)
-    padded = int(np.prod([s.padded_size for s in self.dim_splits(shape)],
-                         dtype=np.int64))
+    padded = shapes.prod(s.padded_size for s in self.dim_splits(shape))
     real = shape.size
     return {"elements": real, "padded_elements": padded,
             "padding_fraction": round(1.0 - real / padded, 4) if padded
@@ -406,7 +406,7 @@ class MeshLayout(object):
       pnums = np.arange(self.size).reshape(self._mesh.to_integer_list or [1])
       if self.ndims:
         pnums = np.transpose(pnums, others + list(key))
-      group = int(np.prod([self._mesh.dims[a].size for a in key]))
+      group = self._mesh.group_size(key)
       self._groups[key] = pnums.reshape([-1, group])
     return self._groups[key]
 

@@ -38,6 +38,7 @@ Example:
 import collections
 import enum
 
+from meshtf import shapes
 from meshtf.layouts.tensor_layouts import shard_size
 
 
@@ -151,13 +152,6 @@ class RelayoutPlan(object):
         self.old_shape, self.new_shape, "; ".join(self.describe()) or "local")
 
 
-def _prod(values):
-  out = 1
-  for v in values:
-    out *= v
-  return out
-
-
 def _same_selection(size_a, outer_a, size_b, outer_b, n):
   """Whether splitting dim a and dim b (of two shapes of one size) n ways
   gives every processor the same elements, in the same order."""
@@ -184,19 +178,19 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
               for axes in new_layout.dim_axes]
   # Per dim, the product of the sizes of the dims before it.
   old_pos, new_pos = old_shape.cumprod(), new_shape.cumprod()
-  local = [shard_size(d.size, _prod(size(m) for m in axes))
+  local = [shard_size(d.size, shapes.prod(size(m) for m in axes))
            for d, axes in zip(old_shape.dims, old_axes)]
   steps, held = [], {}   # held: new dim -> the axes its slices split over
 
   def collective(kind, m, split_axis, concat_axis, sent_shape, concat_size):
     n = shards(m) if isinstance(m, tuple) else size(m)
-    elements = _prod(sent_shape)
+    elements = shapes.prod(sent_shape)
     steps.append(RelayoutStep(
         kind, m, split_axis, concat_axis, concat_size, None, tuple(local), n,
         elements, collective_bytes(kind, n, elements, dtype_size)))
 
   def shards(axes):
-    return _prod(size(m) for m in axes)
+    return shapes.prod(size(m) for m in axes)
 
   def consistent(dim_size, axes, prefix):
     # The slices over `axes`, regrouped by the minor axes beyond `prefix`,
@@ -253,7 +247,7 @@ def reshape_plan(mesh_layout, old_shape, new_shape, dtype_size=4,
   new_local = [shard_size(d.size, shards(held.get(b, ())))
                for b, d in enumerate(new_shape.dims)]
   if local != new_local:
-    if _prod(local) != _prod(new_local):
+    if shapes.prod(local) != shapes.prod(new_local):
       raise AssertionError("reshape plan %s -> %s: local sizes %s and %s "
                            "differ" % (old_shape, new_shape, local, new_local))
     local = new_local
@@ -296,7 +290,7 @@ def fuse_reduce_scatter(plan, pending_axes, dtype_size=4):
   for s in plan.steps:
     if s.kind is StepKind.ALLSPLIT and s.mesh_axis in pending:
       pending.remove(s.mesh_axis)
-      elements = _prod(s.local_shape) * s.group_size
+      elements = shapes.prod(s.local_shape) * s.group_size
       s = s._replace(kind=StepKind.REDUCE_SCATTER,
                      elements_per_device=elements,
                      bytes_per_device=collective_bytes(

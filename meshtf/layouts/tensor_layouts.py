@@ -154,10 +154,7 @@ def slice_shape(tensor_shape, mesh_shape, layout):
   padded sizes ceil(size / axes size) where a dim splits unevenly."""
   out = []
   for dim, axes in zip(tensor_shape.dims, layout.dim_axes):
-    n = 1
-    for a in axes:
-      n *= mesh_shape.dims[a].size
-    out.append(shard_size(dim.size, n))
+    out.append(shard_size(dim.size, mesh_shape.group_size(axes)))
   return out
 
 

@@ -221,9 +221,7 @@ class MeshImpl(object):
   def record_collective(self, kind, mesh_axes, elements_per_device,
                         itemsize=4):
     if self._recorder is not None and mesh_axes:
-      group = 1
-      for a in mesh_axes:
-        group *= self.shape.dims[a].size
+      group = self.shape.group_size(mesh_axes)
       elements = int(elements_per_device)
       self._recorder(CollectiveRecord(
           kind, self.mesh_axis_names(mesh_axes), group, elements,
@@ -314,9 +312,7 @@ class MeshImpl(object):
     padding on the last stripes."""
     axes = [m for m in _axis_tuple(mesh_axis)
             if self.shape.dims[m].size > 1]
-    n = 1
-    for m in axes:
-      n *= self.shape.dims[m].size
+    n = self.shape.group_size(axes)
     if n == 1:
       return x
     full = int(x.tensor_list[0].shape[split_axis])
@@ -346,9 +342,7 @@ class MeshImpl(object):
     if list(axes) != sorted(axes):
       raise ValueError("alltoall over mesh axes %s: give them in mesh order"
                        % (list(axes),))
-    n = 1
-    for m in axes:
-      n *= self.shape.dims[m].size
+    n = self.shape.group_size(axes)
     if n == 1:
       return x
     x = self.slicewise(lambda t: _pad_to(t, split_axis, n * -(
@@ -372,9 +366,7 @@ class MeshImpl(object):
     axes = [m for m in _axis_tuple(mesh_axis) if self.shape.dims[m].size > 1]
     if not axes:
       return x
-    n = 1
-    for m in axes:
-      n *= self.shape.dims[m].size
+    n = self.shape.group_size(axes)
     full = int(x.tensor_list[0].shape[split_axis])
     padded = padded_size or n * -(-full // n)
     x = self.slicewise(lambda t: _pad_to(t, split_axis, padded), x)

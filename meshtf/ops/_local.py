@@ -156,15 +156,8 @@ def _arrange(t, names, batch, groups, sizes):
   one axis (rank = len(batch) + 2)."""
   order = batch + groups[0] + groups[1]
   t = transpose_to(t, list(names), order)
-  shape = [sizes[n] for n in batch] + [_prod(sizes[n] for n in g)
-                                       for g in groups]
+  shape = [sizes[n] for n in batch] + [shapes.prod(sizes[n] for n in g)
+                                        for g in groups]
   if list(t.shape) != shape:
     t = tf.reshape(t, constants.int32(shape))
   return t
-
-
-def _prod(values):
-  out = 1
-  for v in values:
-    out *= v
-  return out

@@ -69,7 +69,6 @@ from meshtf.op_kinds import CostKind
 from meshtf.ops.conv_slices import flatten_batch  # noqa: F401
 from meshtf.ops.conv_slices import halo_extend  # noqa: F401
 from meshtf.ops.conv_slices import halo_reduce  # noqa: F401
-from meshtf.ops.conv_slices import prod  # noqa: F401
 from meshtf.ops.conv_slices import restore_batch  # noqa: F401
 from meshtf.ops.conv_slices import tf_conv  # noqa: F401
 from meshtf.ops.conv_slices import tf_filter_grad  # noqa: F401
@@ -283,7 +282,7 @@ class _ConvBase(graph_lib.Operation):
     g = self._geom
     y = (self._outputs[0] if self._y_input is None
          else self._inputs[self._y_input])
-    window = prod(d.size for d in g.filter_spatial)
+    window = shapes.prod(d.size for d in g.filter_spatial)
     return 2 * layout.slice_size(y.shape) * window * layout.slice_size(
         [g.in_dim])
 
@@ -484,7 +483,7 @@ class ConvInputGradOperation(_ConvBase):
 
     def local(dys, fs):
       flat, batch = flatten_batch(g.to_image(dys), nb)
-      dx = tf_input_grad(flat, fs, [prod(batch)] + sizes[nb:], g.strides)
+      dx = tf_input_grad(flat, fs, [shapes.prod(batch)] + sizes[nb:], g.strides)
       return restore_batch(dx, batch)
     dx = impl.slicewise(local, _zero_padding(lowering, dy_t), f)
     for axis, a, stripe, lo, hi in reversed(self._spatial_plan(impl)):

@@ -8,22 +8,17 @@ Example:
 """
 import tensorflow as tf
 
+from meshtf import shapes
+
 
 # --- per-slice TensorFlow code -----------------------------------------------
-def prod(values):
-  out = 1
-  for v in values:
-    out *= int(v)
-  return out
-
-
 def flatten_batch(t, nb):
   """[batch..., rest...] -> [prod(batch), rest...] (a new size-1 batch axis
   when nb == 0); returns the tensor and the batch sizes."""
   shape = t.shape.as_list()
   if nb == 1:
     return t, shape[:1]
-  return tf.reshape(t, [prod(shape[:nb])] + shape[nb:]), shape[:nb]
+  return tf.reshape(t, [shapes.prod(shape[:nb])] + shape[nb:]), shape[:nb]
 
 
 def restore_batch(t, batch_sizes):

@@ -78,10 +78,7 @@ class EinsumOperation(graph_lib.Operation):
     size = {d.name: layout.slice_size(shapes.Shape([d]))
             for d in self._all_dims.dims}
     def prod(names):
-      v = 1
-      for n in names:
-        v *= size[n]
-      return v
+      return shapes.prod(size[n] for n in names)
     def padded(n):
       return -(-n // tile) * tile
     batch = prod(n for n in size if n in xs and n in ys and n in out)

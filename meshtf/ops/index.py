@@ -82,13 +82,6 @@ def dim_offset(impl, dim):
                         impl.laid_out_shard_index(axes))
 
 
-def _prod(values):
-  out = 1
-  for v in values:
-    out *= v
-  return out
-
-
 # --- one_hot -----------------------------------------------------------------
 class OneHotOperation(graph_lib.Operation):
   """y[..., j] = on_value if indices[...] == j else off_value; output_dim is
@@ -339,7 +332,7 @@ class ScatterAddOperation(graph_lib.Operation):
       ids = _local.transpose_to(ids, i_names, p.shared + p.ids_only)
       batch = ids.shape.as_list()[:nb]
       rows = u.shape.as_list()[nb + len(p.ids_only):]
-      groups = _prod(batch)
+      groups = shapes.prod(batch)
       ids = tf.reshape(ids - tf.cast(offset, ids.dtype), [groups, -1])
       mine = tf.logical_and(ids >= 0, ids < n)
       # One segment per (batch position, local row); -1 drops an update

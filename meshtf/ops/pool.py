@@ -172,7 +172,7 @@ class PoolGradOperation(_PoolBase):
               tf.raw_ops.AvgPool3DGrad)
       x_local = impl.slice_shape(self._x_shape)
       batch = x_local[:nb]
-      in_shape = [conv_lib.prod(batch)] + x_local[nb:]
+      in_shape = [shapes.prod(batch)] + x_local[nb:]
 
       def local(dys):
         out = grad(orig_input_shape=in_shape, grad=flat(dys)[0], ksize=window,

@@ -34,13 +34,6 @@ from meshtf.ops import annotations
 OpCost = collections.namedtuple("OpCost", ["op", "family", "flops", "bytes"])
 
 
-def _prod(values):
-  out = 1
-  for v in values:
-    out *= int(v)
-  return out
-
-
 def _local_elements(layout, tensor):
   return layout.slice_size(tensor.shape)
 
@@ -282,7 +275,7 @@ def _buffers(operations, graph_layout, keep_until_end=(), fused=None):
       size = _local_elements(layout, t) * t.dtype.size
       # A slice's padding, on average over the processors: the slice minus
       # its share of the real elements.
-      shards = _prod(s.num_shards for s in layout.dim_splits(t.shape))
+      shards = shapes.prod(s.num_shards for s in layout.dim_splits(t.shape))
       padding += size - t.shape.size * t.dtype.size // shards
       if op.creates_variable_slices:
         if op in trainable:

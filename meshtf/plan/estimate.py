@@ -67,9 +67,7 @@ class _Recorder(object):
     self.events.extend([(key,) + tuple(self.span)] * self.times)
 
   def add(self, kind, mesh_axes, elements, itemsize, reason=None):
-    group = 1
-    for a in mesh_axes:
-      group *= self._mesh_layout.axis_size(a)
+    group = self._mesh_layout.group_size(mesh_axes)
     if group <= 1 or not elements:
       return
     key = (kind, tuple(self._mesh_layout.mesh_axis_names(mesh_axes)), group,

@@ -28,16 +28,11 @@ Example:
 """
 import os
 
+from meshtf import shapes
+
 # Above this many blocks a panel's labels would overlap: colours only.
 MAX_LABELLED_BLOCKS = 64
 PADDING_HATCH = "////"
-
-
-def _product(values):
-  out = 1
-  for v in values:
-    out *= v
-  return out
 
 
 def _rules_text(mesh_layout, splits):
@@ -66,8 +61,8 @@ def _blocks(mesh_layout, shape, splits):
   vertical = splits[0] if len(splits) >= 2 else None
   horizontal = splits[1:] if len(splits) >= 2 else splits
   split_h = [s for s in horizontal if s.is_split]
-  whole_width = _product(s.size for s in horizontal if not s.is_split)
-  block_width = _product(s.shard_size for s in split_h) * whole_width
+  whole_width = shapes.prod(s.size for s in horizontal if not s.is_split)
+  block_width = shapes.prod(s.shard_size for s in split_h) * whole_width
   split_axes = sorted({a for s in splits for a in s.mesh_axes})
   mesh_names = mesh_layout.mesh_shape.dimension_names
   blocks = {}
@@ -151,7 +146,7 @@ def variable_panels(graph, graph_layout, variables=None):
         "cols": [s.name for s in horizontal],
         "col_sizes": [s.size for s in horizontal],
         "height": splits[0].padded_size if len(splits) >= 2 else 1,
-        "width": _product(s.padded_size for s in horizontal),
+        "width": shapes.prod(s.padded_size for s in horizontal),
         "blocks": _blocks(layout, shape, splits),
     })
   return panels
@@ -209,7 +204,7 @@ def _draw_blocks(ax, panel, size, matplotlib):
   width, height = max(panel["width"], 1), max(panel["height"], 1)
   ax.set_xlim(0, width)
   ax.set_ylim(height, 0)   # row 0 at the top, as a matrix is printed
-  xticks = sorted({0, width, _product(panel["col_sizes"])})
+  xticks = sorted({0, width, shapes.prod(panel["col_sizes"])})
   ax.set_xticks(xticks)
   ax.set_xticklabels([str(t) for t in xticks])
   ax.set_xlabel(_axis_label(panel["cols"], panel["col_sizes"])

@@ -110,14 +110,10 @@ def _axis_options(mesh_shape, size):
   """The axis tuples a dim of `size` may split over: one axis, or several
   in mesh order, each filling no more processors than the dim has."""
   names = mesh_shape.dimension_names
-  sizes = dict(zip(names, mesh_shape.to_integer_list))
   out = []
   for n in range(1, len(names) + 1):
     for axes in itertools.combinations(names, n):
-      shards = 1
-      for a in axes:
-        shards *= sizes[a]
-      if 1 < shards <= size:
+      if 1 < mesh_shape.group_size(axes) <= size:
         out.append(axes)
   return out
 
@@ -224,11 +220,7 @@ def weight_update_rules(rules, graphs, mesh_shape):
   batch = dict(rules).get("batch")
   if not batch:
     return ""
-  axis_size = dict(zip(mesh_shape.dimension_names,
-                       mesh_shape.to_integer_list))
-  shards = 1
-  for a in batch:
-    shards *= axis_size[a]
+  shards = mesh_shape.group_size(batch)
   taken = {n for n, a in rules if set(a) & set(batch)}
   sizes = {}
   for graph in graphs:

@@ -26,6 +26,7 @@ import os
 
 import ml_collections
 
+from meshtf.layouts import presets
 from meshtf.train import preflight
 # Re-exported: users catch config_lib.ConfigError and read
 # config_lib.moe_layer_indices. Both live below this module so that the
@@ -163,8 +164,7 @@ def default_config():
 
   # --- mesh -------------------------------------------------------------------
   c.mesh_shape = "data:4;model:2"  # the processor mesh, named axes
-  c.layout = ("batch:data;group:data;experts:data;heads:model;d_ff:model;"
-              "vocab:model;expert_hidden:model")
+  c.layout = presets.MOE_STANDARD
   #                              "auto": searched (--layout=auto, below)
   c.variable_layout = ""       # the variables' own rules (GSPMD weight-
   #                              update sharding, e.g. "d_model:data");
@@ -543,10 +543,9 @@ def _stage_axis_problems(config, layout):
     return ["pipeline_stages=%d but --layout %r puts dim 'stage' on no mesh "
             "axis: add 'stage:<axis>' naming a mesh axis of size %d (mesh "
             "%r)" % (stages, str(config.layout), stages, mesh)]
+  from meshtf import shapes
   sizes = {d.name: d.size for d in layout.mesh_shape.dims}
-  size = 1
-  for a in axes:
-    size *= sizes.get(a, 1)
+  size = shapes.prod(sizes.get(a, 1) for a in axes)
   if size != stages:
     return ["pipeline_stages=%d but --layout %r puts dim 'stage' on mesh "
             "axis %s of size %d (mesh %r): use a mesh axis of size %d for "

@@ -1,8 +1,10 @@
 """bench/papers.py's tables: the reproduction tables of docs/papers.md are
 what the generator prints from the saved run, and the generator's
 cells."""
+import json
 import pathlib
 
+import results_index
 from conftest import load_file
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -10,16 +12,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 # f8fd043, "after": the interconnect, fusion and overlap models), the run
 # with it (label "completion"), the run with rematerialization, the
 # papers' capacity and the pipeline loop (label "main_2b23abb") and the
-# run with XLA's duplication of the mask add and the loops' sums priced
-# (label "main_5981377").
+# newest labelled run (the guide's table; main_5981377: XLA's duplication
+# of the mask add and the loops' sums priced).
 BEFORE = ROOT / "bench" / "results" / "cpu2_papers_2026-11-27.jsonl"
 COMPLETION = (ROOT / "bench" / "results" /
               "cpu2_papers_completion_2026-11-27.jsonl")
 REMAT = (ROOT / "bench" / "results" /
          "cpu2_papers_main_2b23abb_2026-11-27.jsonl")
-RESULTS = (ROOT / "bench" / "results" /
-           "cpu2_papers_main_5981377_2026-11-27.jsonl")
-LABEL = "main_5981377"
+RESULTS = results_index.newest_labelled_run("papers")
+LABEL = json.loads(RESULTS.read_text().splitlines()[0])["label"]
 COMPARE = ("before=f8fd043", "after=without completion",
            "completion=with completion",
            "main_2b23abb=with remat and the pipeline loop",

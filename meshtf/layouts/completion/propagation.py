@@ -8,6 +8,7 @@ Example:
 """
 import heapq
 
+from meshtf import shapes
 from meshtf.layouts.completion import levels
 from meshtf.layouts.completion import origins as origins_lib
 
@@ -139,7 +140,8 @@ def _cost(node, values, level, ctx):
     itemsize = e.tensor.dtype.size
     local = 1
     for d in e.tensor.shape.dims:
-      local *= -(-d.size // _count(old.get(d.name) or (), sizes))
+      local *= -(-d.size // shapes.prod(
+          sizes.get(a, 1) for a in old.get(d.name) or ()))
     for d in e.tensor.shape.dims:
       o, n = old.get(d.name), values.get(d.name) or ()
       if not o:
@@ -154,7 +156,8 @@ def _cost(node, values, level, ctx):
   itemsize = out.dtype.size
   local = 1
   for d in out.shape.dims:
-    local *= -(-d.size // _count(values.get(d.name) or (), sizes))
+    local *= -(-d.size // shapes.prod(
+        sizes.get(a, 1) for a in values.get(d.name) or ()))
   wish = {}
   for d in out.shape.dims:
     for e in node.readers:
@@ -184,13 +187,6 @@ def _cost(node, values, level, ctx):
   return total
 
 
-def _count(axes, sizes):
-  n = 1
-  for a in axes:
-    n *= sizes.get(a, 1)
-  return n
-
-
 def _carry_factors(node, level, axis_sizes):
   """A reshape's paired dims (one factor, two names) take each other's
   axes where both sizes divide over them (or are equal)."""
@@ -204,9 +200,7 @@ def _carry_factors(node, level, axis_sizes):
         continue   # a rule names one dim; the other has its own rule
       if dst in node.owned:
         continue
-      n = 1
-      for axis in v:
-        n *= axis_sizes.get(axis, 1)
+      n = shapes.prod(axis_sizes.get(axis, 1) for axis in v)
       if size_a != size_b and (size_a % n or size_b % n):
         continue
       changed |= _propose(node, dst, v, node.origins[src], level,

@@ -53,6 +53,8 @@ Example:
 import collections
 import itertools
 
+from meshtf import shapes
+
 # One physical dimension as a group uses it: m members, `stride` device
 # coordinates apart, along a ring (wraparound) or a line; kind "core"
 # (within a chip), "chip" (links between chips), "node" / "nvlink".
@@ -61,17 +63,10 @@ DimUse = collections.namedtuple("DimUse", ["name", "members", "stride",
 Group = collections.namedtuple("Group", ["size", "dims", "devices"])
 
 
-def _prod(values):
-  out = 1
-  for v in values:
-    out *= int(v)
-  return out
-
-
 def _group_devices(mesh_shape, mesh_axes):
   """Device numbers of processor 0's group over mesh_axes (indices)."""
   sizes = [d.size for d in mesh_shape.dims]
-  strides = [_prod(sizes[i + 1:]) for i in range(len(sizes))]
+  strides = [shapes.prod(sizes[i + 1:]) for i in range(len(sizes))]
   ranges = [range(sizes[i]) if i in mesh_axes else [0]
             for i in range(len(sizes))]
   return [sum(c * s for c, s in zip(coords, strides))
@@ -82,7 +77,7 @@ def _dim_uses(devices, dims):
   """DimUse per physical dimension a group's devices span. dims: [(name,
   extent, ring, kind)] major first."""
   extents = [d[1] for d in dims]
-  strides = [_prod(extents[i + 1:]) for i in range(len(extents))]
+  strides = [shapes.prod(extents[i + 1:]) for i in range(len(extents))]
   uses = []
   for (name, extent, ring, kind), stride in zip(dims, strides):
     coords = sorted({(dev // stride) % extent for dev in devices})
