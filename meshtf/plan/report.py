@@ -53,12 +53,14 @@ class PlanReport(object):
       positions it is ready after and needed before
       (estimate_collectives(timeline=...)), for the overlap; None: no
       overlap.
+    fusions: the ops that fuse (fusion.union_find), where plan() found
+      them already; None: found when the time is asked for.
   """
 
   def __init__(self, mesh_layout, hw, acc, collectives, graph_layout=None,
                collectives_source="traced", program_memory=None,
                executor_threads=None, operations=None,
-               timeline_events=None):
+               timeline_events=None, fusions=None):
     self.mesh_layout = mesh_layout
     self.hardware = hw
     self.accounting = acc
@@ -69,6 +71,7 @@ class PlanReport(object):
     self.executor_threads = executor_threads
     self.operations = operations
     self.timeline_events = timeline_events
+    self._fusions = fusions
     self._op_seconds = None
     self._timeline = None
 
@@ -133,7 +136,7 @@ class PlanReport(object):
       if self.operations is not None and self.graph_layout is not None:
         by_op = fusion.op_seconds(
             self.operations, self.graph_layout, hw,
-            {c.op: c for c in self.accounting.costs})
+            {c.op: c for c in self.accounting.costs}, found=self._fusions)
         self._op_seconds = [by_op[c.op] * share
                             for c in self.accounting.costs]
       else:
@@ -161,9 +164,18 @@ class PlanReport(object):
         self.timeline_events is not None):
       mesh = self.mesh_layout.mesh_shape
       hw = self.hardware
+      prices = {}
+
+      def price(r):
+        # A collective repeated per layer is priced once.
+        key = (r["kind"], tuple(r["mesh_axes"]), r["group_size"],
+               r["elements_per_device"], r["bytes_per_device"])
+        if key not in prices:
+          prices[key] = hardware_lib.collective_seconds(hw, mesh, r)
+        return prices[key]
+
       self._timeline = timeline_lib.simulate(
-          self.op_seconds(), self.timeline_events,
-          lambda r: hardware_lib.collective_seconds(hw, mesh, r))
+          self.op_seconds(), self.timeline_events, price)
     return self._timeline
 
   def step_seconds(self):
@@ -362,8 +374,11 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
     backward_start = graph.backward_start
   # Where XLA compiles the program its fused kernels' intermediates take
   # no memory (the sequential liveness the plan reports there).
-  fused = (accounting.fused_kernels(fusion.fusions(operations, graph_layout))
+  found = (fusion.union_find(operations, graph_layout)
            if hw.compiler == "xla" else None)
+  fused = (accounting.fused_kernels(fusion.fusions(operations, graph_layout,
+                                                   found))
+           if found is not None else None)
   acc = accounting.account(operations, graph_layout, backward_start, fused)
   outputs = step_outputs(operations)
   events = []
@@ -372,7 +387,7 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   if not trace:
     return PlanReport(mesh_layout, hw, acc, collectives, graph_layout,
                       "estimated", operations=operations,
-                      timeline_events=events)
+                      timeline_events=events, fusions=found)
   impl = simd.SimdMeshImpl(mesh_layout, None,
                            notional_devices(mesh_layout.size))
   lowering = lowering_lib.Lowering(graph, {mesh: impl}, launch=False,
@@ -387,4 +402,4 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   return PlanReport(mesh_layout, hw, acc, lowering.collective_stats(),
                     graph_layout, program_memory=memory,
                     executor_threads=threads, operations=operations,
-                    timeline_events=events)
+                    timeline_events=events, fusions=found)
