@@ -37,10 +37,11 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None):
   from meshtf.train import experiment
   t0 = time.time()
   graph, _ = experiment.build_training_graph(config, mesh_layout)
-  # XLA compiles the program (fused kernels) where jit_compile is on.
+  # XLA compiles the program (fused kernels) where jit_compile is on;
+  # there its collectives are estimated, not traced (plan(trace="auto")).
   report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware,
                          compiler="xla" if config.get("jit_compile")
-                         else None)
+                         else None, trace="auto")
   summary = report.summary()
   summary["config"] = {"mesh_shape": str(config.mesh_shape),
                        "layout": str(config.layout),
