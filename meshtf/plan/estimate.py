@@ -129,6 +129,8 @@ class _Memo(object):
     self.misses = 0
     self._plans = {}
     self._axes = {}
+    # The layouts asked about, kept alive: their ids key the answers.
+    self._layouts = []
 
   def relayout_plan(self, layout, old_shape, new_shape, itemsize,
                     old=None, new=None):
@@ -136,6 +138,7 @@ class _Memo(object):
     plan = self._plans.get(key)
     if plan is None:
       self.misses += 1
+      self._layouts.append(layout)
       plan = self._plans[key] = layout.relayout_plan(
           old_shape, new_shape, itemsize, old, new)
     return plan
@@ -148,6 +151,7 @@ class _Memo(object):
     axes = self._axes.get(key)
     if axes is None:
       self.misses += 1
+      self._layouts.append(layout)
       out_axes, out_names = set(), set()
       for t in op.outputs:
         for split in layout.dim_splits(t.shape):
