@@ -16,6 +16,9 @@ Example:
   ...               hardware="tpuv3", backward_start=n_forward_ops)
   >>> report.summary()["step_seconds"]
 """
+import contextlib
+import functools
+import gc
 import json
 
 from meshtf.layouts import reasons as reasons_lib
@@ -27,6 +30,30 @@ from meshtf.plan import fusion
 from meshtf.plan import hardware as hardware_lib
 from meshtf.plan import program_memory
 from meshtf.plan import timeline as timeline_lib
+
+
+def _without_cyclic_gc(function):
+  """function run with Python's cyclic collector off: the plan's passes
+  make a few small objects per operation and free almost none, so the
+  collector would rescan the whole (large) graph again and again (on the
+  papers' 256-layer rows about a third of the planning time;
+  layouts/completion.py does the same)."""
+  @functools.wraps(function)
+  def run(*args, **kwargs):
+    with _collector_off():
+      return function(*args, **kwargs)
+  return run
+
+
+@contextlib.contextmanager
+def _collector_off():
+  enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    if enabled:
+      gc.enable()
 
 
 def notional_devices(n, per_host=8):
@@ -127,6 +154,7 @@ class PlanReport(object):
             "folding of padding masks, kernels' own temporaries, the "
             "allocator's block rounding"]}
 
+  @_without_cyclic_gc
   def op_seconds(self):
     """[seconds] of each op in accounting.costs' order (plan/fusion.py:
     fused kernels' time spread over their ops where XLA compiles)."""
@@ -157,6 +185,7 @@ class PlanReport(object):
     return sum(r["count"] * hardware_lib.collective_seconds(
         self.hardware, mesh, r) for r in self.collectives)
 
+  @_without_cyclic_gc
   def timeline(self):
     """The step's Timeline (plan/timeline.py) where the hardware overlaps
     collectives with compute and the events are known; None otherwise."""
@@ -343,6 +372,7 @@ def step_outputs(operations):
   return [t for op in operations for t in op.outputs if t not in read]
 
 
+@_without_cyclic_gc
 def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
          trace=True, executor_threads=None, compiler=None):
   """The PlanReport of graph (one mesh) under mesh_layout on a hardware
