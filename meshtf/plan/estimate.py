@@ -115,6 +115,52 @@ class _Linear(object):
     return self._answer
 
 
+class _Memo(object):
+  """What the estimate asks of layouts and shapes alone, answered once per
+  distinct question: a layer repeated N times asks the same relayout plans
+  and summed axes N times (pure functions of a MeshLayout, shapes and
+  layouts, so the records are those of asking each time).
+  misses: how many answers were computed (tests count the work)."""
+
+  def __init__(self, base):
+    self.base = base
+    self.misses = 0
+    self._plans = {}
+    self._axes = {}
+    # The layouts asked about, kept alive: their ids key the answers.
+    self._layouts = []
+
+  def relayout_plan(self, layout, old_shape, new_shape, itemsize,
+                    old=None, new=None):
+    key = (id(layout), old_shape, new_shape, itemsize, old, new)
+    plan = self._plans.get(key)
+    if plan is None:
+      self.misses += 1
+      self._layouts.append(layout)
+      plan = self._plans[key] = layout.relayout_plan(
+          old_shape, new_shape, itemsize, old, new)
+    return plan
+
+  def summed_axes(self, layout, op):
+    """The mesh axes of the dims split in op's inputs and absent from all
+    its outputs, sorted (what its outputs are partial sums over)."""
+    key = (id(layout), tuple(t.shape for t in op.inputs),
+           tuple(t.shape for t in op.outputs))
+    axes = self._axes.get(key)
+    if axes is None:
+      self.misses += 1
+      self._layouts.append(layout)
+      out_axes, out_names = set(), set()
+      for t in op.outputs:
+        for split in layout.dim_splits(t.shape):
+          out_names.add(split.name)
+          out_axes.update(split.mesh_axes)
+      in_axes = {a for t in op.inputs for split in layout.dim_splits(t.shape)
+                 if split.name not in out_names for a in split.mesh_axes}
+      axes = self._axes[key] = tuple(sorted(in_axes - out_axes))
+    return axes
+
+
 def _shares_rename_relay(t, new, graph_layout, pending, relaid):
   """Whether t, a rename's output, is relaid to `new` by relaying the
   rename's input (Lowering._relay_to: one relayout for both); marks the
@@ -162,7 +208,7 @@ def _bucket_plan(operations, graph_layout, bucket_bytes):
 
 
 def estimate_collectives(operations, graph_layout, outputs=None,
-                         bucket_bytes=None, timeline=None):
+                         bucket_bytes=None, timeline=None, memo=None):
   """Estimated collective records of operations (a graph's, in order)
   under graph_layout (MeshLayout.assign), in Lowering.collective_stats()'s
   form. outputs: the tensors the step exports (default: those nothing
@@ -172,9 +218,11 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   lowering.all_operations(operations), of the op after which its input is
   ready) and "needed" (the op that first reads its result;
   len(all_operations) for the step's exports) -- plan/timeline.py's
-  input."""
+  input. memo: a _Memo(graph_layout.base) to answer from (a test reads
+  its misses)."""
   operations = list(operations)
   base = graph_layout.base
+  memo = memo if memo is not None else _Memo(base)
   rec = _Recorder(base)
   # (Inside loops too: a linear reader in a loop body keeps a sum pending.)
   readers = collections.Counter(
@@ -263,7 +311,7 @@ def estimate_collectives(operations, graph_layout, outputs=None,
       loop_ends[position[inner[-1]]].append(op)
   for op in everything:
     rec.times = times[op] or 1
-    _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
+    _estimate_op(op, graph_layout, memo, rec, readers, pending, reduced,
                  relaid, reduce_now, span)
     rec.times = 1
     after(op)
@@ -285,7 +333,7 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   return rec.records()
 
 
-def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
+def _estimate_op(op, graph_layout, memo, rec, readers, pending, reduced,
                  relaid, reduce_now, span):
   """The collectives lowering op emits (estimate_collectives' rules)."""
   layout = graph_layout.op_layout(op)
@@ -302,7 +350,8 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
                                                     pending, relaid):
         continue   # relaid (or reduce-scattered) once for every reader
       relaid.add((t, new))
-      plan = base.relayout_plan(t.shape, t.shape, t.dtype.size, old, new)
+      plan = memo.relayout_plan(memo.base, t.shape, t.shape, t.dtype.size,
+                                old, new)
     if t in pending and t not in reduced:
       if plan is not None:
         fused, rest = relayout_lib.fuse_reduce_scatter(
@@ -347,22 +396,17 @@ def _estimate_op(op, graph_layout, base, rec, readers, pending, reduced,
   if op.reshapes:
     x, out = op.inputs[0], op.outputs[0]
     rec.span = span(x, op)
-    rec.add_plan(layout.relayout_plan(x.shape, out.shape, x.dtype.size),
+    rec.add_plan(memo.relayout_plan(layout, x.shape, out.shape,
+                                    x.dtype.size),
                  reasons_lib.computes(graph_layout, op,
                                       reasons_lib.Cause.RESHAPE))
     return
   if not op.inputs or not op.outputs:
     return
-  out_axes, out_names = set(), set()
-  for t in op.outputs:
-    for split in layout.dim_splits(t.shape):
-      out_names.add(split.name)
-      out_axes.update(split.mesh_axes)
-  in_axes = {a for t in op.inputs for split in layout.dim_splits(t.shape)
-             if split.name not in out_names for a in split.mesh_axes}
-  axes = sorted(in_axes - out_axes)
+  axes = memo.summed_axes(layout, op)
   if not axes:
     return
+  axes = list(axes)
   if op.sums_partials:
     for out in op.outputs:
       pending[out] = axes

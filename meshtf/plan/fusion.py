@@ -65,12 +65,14 @@ def _roofline(flops, nbytes, hw):
   return max(flops / hw.peak_flops, nbytes / hw.memory_bandwidth)
 
 
-def op_seconds(operations, graph_layout, hw, costs=None):
+def op_seconds(operations, graph_layout, hw, costs=None, found=None):
   """{op: seconds} of every operation (all_operations order) on hw: one
   kernel per op for compiler "tf" (+ hw.kernel_overhead each), fused
   kernels for "xla", a fused kernel's time spread over its ops in
   proportion to their unfused bytes. costs: {op: accounting.OpCost} when
-  already counted."""
+  already counted; found: union_find(operations, graph_layout) when
+  already found (plan() finds the fusions once for the memory and the
+  time)."""
   ops = list(lowering_lib.all_operations(list(operations)))
   if costs is None:
     costs = {op: accounting.op_cost(op, graph_layout.op_layout(op),
@@ -89,7 +91,7 @@ def op_seconds(operations, graph_layout, hw, costs=None):
             total.elements, total.inner_bytes + 2 * total.acc_bytes,
             hw) + hw.kernel_overhead * total.runs
     return seconds
-  return _fused_seconds(ops, graph_layout, hw, costs, times)
+  return _fused_seconds(ops, graph_layout, hw, costs, times, found=found)
 
 
 _LoopSum = collections.namedtuple(
@@ -127,7 +129,6 @@ class _Fusions(object):
     self.parent = list(range(len(ops)))
     self.kinds = [op.cost_kind for op in ops]
     self.graph_layout = graph_layout
-    self._relaid = {}
     stage_out = [0] * len(ops)
     for i, op in enumerate(ops):
       stage = 0
@@ -148,13 +149,13 @@ class _Fusions(object):
             self.union(p, i)
 
   def relaid(self, t, reader):
-    key = (t, reader)
-    if key not in self._relaid:
-      gl = self.graph_layout
-      self._relaid[key] = (
-          gl.tensor_mesh_layout(t).tensor_layout(t.shape) !=
-          gl.op_layout(reader).tensor_layout(t.shape))
-    return self._relaid[key]
+    """Whether a relayout runs between t's producer and reader."""
+    gl = self.graph_layout
+    made, read = gl.tensor_mesh_layout(t), gl.op_layout(reader)
+    # (Most readers lower under their producer's layout object; both
+    # MeshLayouts cache their tensor layouts by shape.)
+    return made is not read and (made.tensor_layout(t.shape) !=
+                                 read.tensor_layout(t.shape))
 
   def find(self, i):
     while self.parent[i] != i:
@@ -168,11 +169,20 @@ class _Fusions(object):
       self.parent[max(ra, rb)] = min(ra, rb)
 
 
-def fusions(operations, graph_layout):
+def union_find(operations, graph_layout):
+  """Which of operations' ops (all_operations order) fuse: the union-find
+  fusions(), op_seconds() and kernels() read, found once where a plan asks
+  all three."""
+  return _Fusions(list(lowering_lib.all_operations(list(operations))),
+                  graph_layout)
+
+
+def fusions(operations, graph_layout, found=None):
   """[[op, ...]] the fused kernels XLA would form (module docstring):
-  each list an op group, in graph order; kernels and free ops alone."""
+  each list an op group, in graph order; kernels and free ops alone.
+  found: union_find(operations, graph_layout) when already found."""
   ops = list(lowering_lib.all_operations(list(operations)))
-  f = _Fusions(ops, graph_layout)
+  f = found if found is not None else _Fusions(ops, graph_layout)
   groups = collections.OrderedDict()
   for i, op in enumerate(ops):
     groups.setdefault(f.find(i), []).append(op)
@@ -206,9 +216,10 @@ def kernels(operations, graph_layout, hw, costs=None):
   return _kernels(ops, graph_layout, hw, costs, times)
 
 
-def _kernels(ops, graph_layout, hw, costs, times=None, recompute=True):
+def _kernels(ops, graph_layout, hw, costs, times=None, recompute=True,
+             found=None):
   times = times or {}
-  f = _Fusions(ops, graph_layout)
+  f = found if found is not None else _Fusions(ops, graph_layout)
   readers = collections.defaultdict(list)
   for op in ops:
     for t in dict.fromkeys(op.inputs):
@@ -304,9 +315,9 @@ def _with_loop_sums(kernels, ops, graph_layout, times, readers):
 
 
 def _fused_seconds(ops, graph_layout, hw, costs, times=None,
-                   recompute=True):
+                   recompute=True, found=None):
   seconds = collections.Counter()
-  for k in _kernels(ops, graph_layout, hw, costs, times, recompute):
+  for k in _kernels(ops, graph_layout, hw, costs, times, recompute, found):
     if k.kind == "free":
       seconds[k.ops[0]] += 0.0
       continue

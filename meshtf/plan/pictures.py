@@ -168,14 +168,22 @@ def _axis_label(names, sizes):
   return "%s (%s)" % (" x ".join(names), "x".join(str(s) for s in sizes))
 
 
-def _draw_blocks(ax, panel, size, matplotlib):
+def _draw_blocks(ax, panel, size, matplotlib, colours=None):
   """The blocks' valid parts in their processor's colour, their padding
-  hatched (two collections: fast for the 2048 blocks of a large mesh)."""
+  hatched (two collections: fast for the 2048 blocks of a large mesh).
+  colours: {pnum: colour} asked before (shared by a picture's panels: a
+  colormap call per block was most of a 2048-processor picture's time)."""
   solid, hatched, solid_colours, hatched_colours = [], [], [], []
   rectangle = matplotlib.patches.Rectangle
+  colours = {} if colours is None else colours
   for b in panel["blocks"]:
-    colour = (0.85, 0.85, 0.85, 1.0) if b["label"] == "all" else \
-        _colour(min(b["processors"]), size, matplotlib.colormaps)
+    if b["label"] == "all":
+      colour = (0.85, 0.85, 0.85, 1.0)
+    else:
+      pnum = min(b["processors"])
+      colour = colours.get(pnum)
+      if colour is None:
+        colour = colours[pnum] = _colour(pnum, size, matplotlib.colormaps)
     if b["valid_height"] and b["valid_width"]:
       solid.append(rectangle((b["left"], b["top"]), b["valid_width"],
                              b["valid_height"]))
@@ -289,9 +297,10 @@ def draw_variable_layouts(graph, graph_layout, path, max_panels=12,
           mesh_layout.size, "; %d smaller shape/layout groups not drawn"
           % left_out if left_out else ""), fontsize=10)
   axes = []
+  colours = {}
   for i, panel in enumerate(panels):
     axes.append(fig.add_subplot(nrows, ncols, i + 1))
-    _draw_blocks(axes[-1], panel, mesh_layout.size, matplotlib)
+    _draw_blocks(axes[-1], panel, mesh_layout.size, matplotlib, colours)
   # The layout fixes the axes' sizes, which the labels must fit.
   fig.tight_layout(rect=(0, 0, 1, 0.96))
   for ax, panel in zip(axes, panels):

@@ -16,6 +16,9 @@ Example:
   ...               hardware="tpuv3", backward_start=n_forward_ops)
   >>> report.summary()["step_seconds"]
 """
+import contextlib
+import functools
+import gc
 import json
 
 from meshtf.layouts import reasons as reasons_lib
@@ -27,6 +30,30 @@ from meshtf.plan import fusion
 from meshtf.plan import hardware as hardware_lib
 from meshtf.plan import program_memory
 from meshtf.plan import timeline as timeline_lib
+
+
+def _without_cyclic_gc(function):
+  """function run with Python's cyclic collector off: the plan's passes
+  make a few small objects per operation and free almost none, so the
+  collector would rescan the whole (large) graph again and again (on the
+  papers' 256-layer rows about a third of the planning time;
+  layouts/completion.py does the same)."""
+  @functools.wraps(function)
+  def run(*args, **kwargs):
+    with _collector_off():
+      return function(*args, **kwargs)
+  return run
+
+
+@contextlib.contextmanager
+def _collector_off():
+  enabled = gc.isenabled()
+  gc.disable()
+  try:
+    yield
+  finally:
+    if enabled:
+      gc.enable()
 
 
 def notional_devices(n, per_host=8):
@@ -53,12 +80,14 @@ class PlanReport(object):
       positions it is ready after and needed before
       (estimate_collectives(timeline=...)), for the overlap; None: no
       overlap.
+    fusions: the ops that fuse (fusion.union_find), where plan() found
+      them already; None: found when the time is asked for.
   """
 
   def __init__(self, mesh_layout, hw, acc, collectives, graph_layout=None,
                collectives_source="traced", program_memory=None,
                executor_threads=None, operations=None,
-               timeline_events=None):
+               timeline_events=None, fusions=None):
     self.mesh_layout = mesh_layout
     self.hardware = hw
     self.accounting = acc
@@ -69,6 +98,7 @@ class PlanReport(object):
     self.executor_threads = executor_threads
     self.operations = operations
     self.timeline_events = timeline_events
+    self._fusions = fusions
     self._op_seconds = None
     self._timeline = None
 
@@ -124,6 +154,7 @@ class PlanReport(object):
             "folding of padding masks, kernels' own temporaries, the "
             "allocator's block rounding"]}
 
+  @_without_cyclic_gc
   def op_seconds(self):
     """[seconds] of each op in accounting.costs' order (plan/fusion.py:
     fused kernels' time spread over their ops where XLA compiles)."""
@@ -133,7 +164,7 @@ class PlanReport(object):
       if self.operations is not None and self.graph_layout is not None:
         by_op = fusion.op_seconds(
             self.operations, self.graph_layout, hw,
-            {c.op: c for c in self.accounting.costs})
+            {c.op: c for c in self.accounting.costs}, found=self._fusions)
         self._op_seconds = [by_op[c.op] * share
                             for c in self.accounting.costs]
       else:
@@ -154,6 +185,7 @@ class PlanReport(object):
     return sum(r["count"] * hardware_lib.collective_seconds(
         self.hardware, mesh, r) for r in self.collectives)
 
+  @_without_cyclic_gc
   def timeline(self):
     """The step's Timeline (plan/timeline.py) where the hardware overlaps
     collectives with compute and the events are known; None otherwise."""
@@ -161,9 +193,18 @@ class PlanReport(object):
         self.timeline_events is not None):
       mesh = self.mesh_layout.mesh_shape
       hw = self.hardware
+      prices = {}
+
+      def price(r):
+        # A collective repeated per layer is priced once.
+        key = (r["kind"], tuple(r["mesh_axes"]), r["group_size"],
+               r["elements_per_device"], r["bytes_per_device"])
+        if key not in prices:
+          prices[key] = hardware_lib.collective_seconds(hw, mesh, r)
+        return prices[key]
+
       self._timeline = timeline_lib.simulate(
-          self.op_seconds(), self.timeline_events,
-          lambda r: hardware_lib.collective_seconds(hw, mesh, r))
+          self.op_seconds(), self.timeline_events, price)
     return self._timeline
 
   def step_seconds(self):
@@ -331,6 +372,7 @@ def step_outputs(operations):
   return [t for op in operations for t in op.outputs if t not in read]
 
 
+@_without_cyclic_gc
 def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
          trace=True, executor_threads=None, compiler=None,
          graph_layout=None):
@@ -344,16 +386,25 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   the hardware's inter-op threads per device); trace=False estimates the
   collectives from the layouts instead (plan/estimate.py: the same
   records on the models here, in a fraction of the time) and keeps the
-  sequential liveness. compiler: "xla" or "tf" overrides the hardware's
-  (a GPU with jit_compile runs XLA). graph_layout: the graph's
-  mesh_layout.assign when the caller has it (the training binary's
-  preflight completed it), else completed here. Raises LayoutError /
-  ValueError on bad input before any tracing.
+  sequential liveness; trace="auto" traces only where TF's executor runs
+  the program (its memory needs the traced program) and estimates where
+  XLA compiles it (the trace would give only the collectives: on the
+  papers' 256-layer rows minutes of tracing, where the estimate takes
+  seconds). compiler: "xla" or "tf" overrides the hardware's (a GPU with
+  jit_compile runs XLA). graph_layout: the graph's mesh_layout.assign
+  when the caller has it (the training binary's preflight completed it),
+  else completed here. Raises LayoutError / ValueError on bad input
+  before any tracing.
 
   Example:
     >>> print(plan(graph, mtf.MeshLayout("x:8", "batch:x")).text())
+    >>> plan(graph, layout, "tpuv3", trace="auto").collectives_source
+    'estimated'
   """
   hw = hardware_lib.get(hardware, compiler)
+  if trace == "auto":
+    trace = (executor_threads or hardware_lib.executor_threads(
+        hw, mesh_layout.size)) is not None
   meshes = {op.mesh for op in graph.operations}
   if len(meshes) != 1:
     raise ValueError("plan: the graph has %d meshes; plan one mesh's graph"
@@ -367,8 +418,11 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
     backward_start = graph.backward_start
   # Where XLA compiles the program its fused kernels' intermediates take
   # no memory (the sequential liveness the plan reports there).
-  fused = (accounting.fused_kernels(fusion.fusions(operations, graph_layout))
+  found = (fusion.union_find(operations, graph_layout)
            if hw.compiler == "xla" else None)
+  fused = (accounting.fused_kernels(fusion.fusions(operations, graph_layout,
+                                                   found))
+           if found is not None else None)
   acc = accounting.account(operations, graph_layout, backward_start, fused)
   outputs = step_outputs(operations)
   events = []
@@ -377,7 +431,7 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   if not trace:
     return PlanReport(mesh_layout, hw, acc, collectives, graph_layout,
                       "estimated", operations=operations,
-                      timeline_events=events)
+                      timeline_events=events, fusions=found)
   impl = simd.SimdMeshImpl(mesh_layout, None,
                            notional_devices(mesh_layout.size))
   lowering = lowering_lib.Lowering(graph, {mesh: impl}, launch=False,
@@ -392,4 +446,4 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   return PlanReport(mesh_layout, hw, acc, lowering.collective_stats(),
                     graph_layout, program_memory=memory,
                     executor_threads=threads, operations=operations,
-                    timeline_events=events)
+                    timeline_events=events, fusions=found)

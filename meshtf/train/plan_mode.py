@@ -42,9 +42,11 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None,
   if experiment is None:
     experiment = experiment_lib.Experiment(config, mesh_layout)
   graph, _ = experiment.training_graph()
-  # XLA compiles the program (fused kernels) where jit_compile is on.
+  # XLA compiles the program (fused kernels) where jit_compile is on;
+  # there its collectives are estimated, not traced (plan(trace="auto")).
   report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware,
                          compiler="xla" if config.jit_compile else None,
+                         trace="auto",
                          graph_layout=experiment.graph_layout())
   summary = report.summary()
   summary["config"] = {"mesh_shape": str(config.mesh_shape),
