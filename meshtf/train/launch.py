@@ -11,7 +11,9 @@ It checks the binary's flags and that the mesh splits over the workers
 starts `python -m meshtf.train <flags> --worker_hosts=... --task_index=i`
 for each worker, each in its own process group, and prints their lines
 prefixed with "[worker i]". When one worker fails, the others are stopped
-(SIGTERM, then SIGKILL after --grace_seconds). With --restarts=K, a group
+(SIGTERM, then SIGKILL after --grace_seconds); when one is lost (killed by
+a signal, or exit 3) the others are left to notice it and say so, and get
+SIGTERM only if still running after --grace_seconds. With --restarts=K, a group
 that failed because a worker was lost (a worker killed by a signal, or
 exit 3: meshtf/train/peers.py) or stopped from outside (130 / 143) is
 started again, on new ports, up to K times; the binary resumes from the
@@ -227,10 +229,24 @@ def exits_line(codes):
                    for i, c in enumerate(codes))
 
 
+def lost_peer(code):
+  """Whether a worker's exit code means the others lost a peer: it was
+  killed by a signal or it lost one itself (errors.EXIT_CLUSTER).
+
+    >>> lost_peer(-9), lost_peer(3), lost_peer(2)
+    (True, True, False)
+  """
+  return code < 0 or code == errors.EXIT_CLUSTER
+
+
 def run_group(group, options, received, log, poll=0.1):
-  """Waits for the group; returns (cause index or None, its exit code)."""
+  """Waits for the group; returns (cause index or None, its exit code).
+  When a worker is lost the others are left to notice it (one line each);
+  when one fails otherwise they are sent SIGTERM at once. Either way those
+  still running after --grace_seconds are stopped (SIGTERM, then SIGKILL)."""
   cause = None
   deadline = None
+  terminate_at = None
   forwarded = 0
   while True:
     codes = [p.poll() for p in group.procs]
@@ -242,12 +258,28 @@ def run_group(group, options, received, log, poll=0.1):
         if c not in (None, 0):
           cause = i
           if any(x is None for x in codes):
-            if not received:   # else they are stopping already
+            if received:
+              pass   # they are stopping already
+            elif lost_peer(c):
+              # The others notice the lost peer themselves and each says
+              # so in one line (peers.py); a SIGTERM now would race that
+              # line with a preemption stop that cannot be agreed.
+              log("worker %d %s: the others stop on their own when they "
+                  "notice (SIGTERM after %.0f s)" % (
+                      i, describe_exit(c), options.grace_seconds))
+              terminate_at = time.monotonic() + options.grace_seconds
+            else:
               log("worker %d %s: stopping the others" % (
                   i, describe_exit(c)))
               group.signal_all(signal.SIGTERM)
-            deadline = time.monotonic() + options.grace_seconds
+            deadline = time.monotonic() + options.grace_seconds * (
+                2 if terminate_at is not None else 1)
           break
+    if terminate_at is not None and time.monotonic() > terminate_at:
+      log("workers still running %.0f s after worker %d failed: SIGTERM" % (
+          options.grace_seconds, cause))
+      group.signal_all(signal.SIGTERM)
+      terminate_at = None
     if all(c is not None for c in codes):
       group.finish()
       if cause is None:
@@ -255,7 +287,8 @@ def run_group(group, options, received, log, poll=0.1):
       return cause, codes[cause]
     if deadline is not None and time.monotonic() > deadline:
       log("workers still running %.0f s after worker %d failed: SIGKILL" % (
-          options.grace_seconds, cause))
+          options.grace_seconds * (2 if lost_peer(codes[cause]) and
+                                   not received else 1), cause))
       group.signal_all(signal.SIGKILL)
       deadline = None
     time.sleep(poll)

@@ -55,3 +55,72 @@ def test_the_documented_command_is_valid(monkeypatch):
   assert options.workers == 4 and options.restarts == 1
   monkeypatch.chdir(ROOT)   # the command's paths are the clone's
   assert launch.check(options.workers, flags) == 8
+
+
+class _ScriptedProc(object):
+  """A worker whose exit code appears after `after` seconds, or when it
+  is sent SIGTERM (then 143)."""
+
+  def __init__(self, code, after=None):
+    import time
+    self.code, self.returncode = code, None
+    self.at = None if after is None else time.monotonic() + after
+
+  def poll(self):
+    import time
+    if self.returncode is None and self.at is not None and (
+        time.monotonic() >= self.at):
+      self.returncode = self.code
+    return self.returncode
+
+
+class _ScriptedGroup(object):
+  def __init__(self, procs):
+    self.procs, self.signals = procs, []
+
+  def signal_all(self, signum):
+    self.signals.append(signum)
+    for p in self.procs:
+      if p.poll() is None:
+        p.returncode = 128 + signum if signum != 9 else -9
+
+  def finish(self):
+    pass
+
+
+def _run_scripted(procs, grace):
+  import argparse
+  group = _ScriptedGroup(procs)
+  lines = []
+  cause, code = launch.run_group(
+      group, argparse.Namespace(grace_seconds=grace), [], lines.append,
+      poll=0.01)
+  return group, lines, cause, code
+
+
+def test_survivors_of_a_lost_worker_are_left_to_say_so():
+  """Worker 2 killed by SIGKILL: the others, which exit 3 on their own
+  (peers.py's line), get no SIGTERM that would race that line."""
+  import signal
+  procs = [_ScriptedProc(3, 0.2), _ScriptedProc(3, 0.25),
+           _ScriptedProc(-9, 0.0), _ScriptedProc(3, 0.2)]
+  group, lines, cause, code = _run_scripted(procs, grace=5.0)
+  assert group.signals == [] and (cause, code) == (2, -9)
+  assert [p.returncode for p in procs] == [3, 3, -9, 3]
+  assert lines == ["worker 2 was killed by SIGKILL: the others stop on "
+                   "their own when they notice (SIGTERM after 5 s)"]
+  # Survivors that do not stop get SIGTERM after the grace period.
+  procs = [_ScriptedProc(3), _ScriptedProc(-9, 0.0)]
+  group, lines, cause, code = _run_scripted(procs, grace=0.2)
+  assert group.signals == [signal.SIGTERM] and procs[0].returncode == 143
+  assert lines[-1] == ("workers still running 0 s after worker 1 failed: "
+                       "SIGTERM")
+
+
+def test_a_worker_failing_otherwise_stops_the_others_at_once():
+  import signal
+  procs = [_ScriptedProc(0), _ScriptedProc(2, 0.0)]
+  group, lines, cause, code = _run_scripted(procs, grace=5.0)
+  assert group.signals == [signal.SIGTERM] and (cause, code) == (1, 2)
+  assert lines == ["worker 1 exited 2: stopping the others"]
+  assert procs[0].returncode == 143
