@@ -226,18 +226,27 @@ peers.wait_for_all("bench", 30)
 '''
 
 
+def _script_result(name, script, workers, rounds, args):
+  """Runs script as `workers` processes on free ports (argv: hosts, task,
+  rounds); the JSON after task 0's "RESULT " line."""
+  hosts = ",".join("127.0.0.1:%d" % p for p in free_ports(workers))
+  procs = [subprocess.Popen([sys.executable, "-c", script % {"root": ROOT},
+                             hosts, str(t), str(rounds)], env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+           for t in range(workers)]
+  outs = [p.communicate(timeout=args.timeout) for p in procs]
+  found = [l for l in outs[0][0].splitlines() if l.startswith("RESULT ")]
+  if not found:
+    raise SystemExit("the %s scenario failed: %s" % (name,
+                                                     outs[0][1][-2000:]))
+  return json.loads(found[0][7:])
+
+
 def agreement(args):
-  hosts = ",".join("127.0.0.1:%d" % p for p in free_ports(2))
-  script = AGREEMENT_SCRIPT % {"root": ROOT}
-  procs = [subprocess.Popen([sys.executable, "-c", script, hosts, str(t),
-                             "200"], env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-           for t in range(2)]
-  outs = [p.communicate(timeout=args.timeout)[0] for p in procs]
-  result = json.loads([l for l in outs[0].splitlines()
-                       if l.startswith("RESULT ")][0][7:])
   return dict(kind="agreement", workers=2, mesh="data:2;model:2",
-              calls=200, **result)
+              calls=200, **_script_result("agreement", AGREEMENT_SCRIPT, 2,
+                                          200, args))
 
 
 SAVE_SCRIPT = r'''
@@ -289,18 +298,8 @@ peers.wait_for_all("bench", 30)
 
 
 def save(args):
-  hosts = ",".join("127.0.0.1:%d" % p for p in free_ports(4))
-  script = SAVE_SCRIPT % {"root": ROOT}
-  procs = [subprocess.Popen([sys.executable, "-c", script, hosts, str(t),
-                             "5"], env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-           for t in range(4)]
-  outs = [p.communicate(timeout=args.timeout) for p in procs]
-  found = [l for l in outs[0][0].splitlines() if l.startswith("RESULT ")]
-  if not found:
-    raise SystemExit("the save scenario failed: %s" % outs[0][1][-2000:])
   return dict(kind="save", workers=4, mesh="data:4;model:2", rounds=5,
-              **json.loads(found[0][7:]))
+              **_script_result("save", SAVE_SCRIPT, 4, 5, args))
 
 
 def main():
