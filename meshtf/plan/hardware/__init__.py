@@ -14,6 +14,7 @@ Example:
 from meshtf.layouts.relayout import CollectiveKind
 from meshtf.plan.hardware import interconnect
 from meshtf.plan.hardware.catalogue import HARDWARE
+from meshtf.plan.hardware.catalogue import Compiler
 from meshtf.plan.hardware.catalogue import Hardware
 from meshtf.plan.hardware.catalogue import Source
 from meshtf.plan.hardware.catalogue import executor_threads
