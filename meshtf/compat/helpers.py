@@ -324,7 +324,7 @@ class LayoutRules(layout_rules_lib.LayoutRules):
 
   Example:
     >>> LayoutRules([("batch", "batch"), ("heads", "model")]).absent_axes
-    'inactive'
+    <AbsentAxes.INACTIVE: 'inactive'>
   """
 
   def __init__(self, pairs, absent_axes="inactive"):

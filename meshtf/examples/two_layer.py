@@ -159,8 +159,9 @@ def compare_layouts(layouts, batch_size, d_io, d_hidden, steps,
                          log=lambda line: None, backend=backend)
     counts, values = {}, 0
     for s in step.lowering.collective_stats():
-      counts[s["kind"]] = counts.get(s["kind"], 0) + s["count"]
-      if s["kind"].startswith("allreduce"):
+      kind = s["kind"]   # a CollectiveKind
+      counts[kind.value] = counts.get(kind.value, 0) + s["count"]
+      if kind.is_allreduce:
         values += s["elements_per_device"] * s["count"]
     log(step.lowering.collective_summary())
     rows.append({"name": name, "mesh_shape": mesh_shape, "layout": layout,

@@ -100,7 +100,7 @@ class GraphLayout(object):
       what = ("%s:%s" % (s.name, rules_lib.axes_text(axes)) if axes
               else "%s whole" % s.name)
       # A whole dim says why only where its rule lost its axis.
-      if origin and (axes or origin.root.kind == completion_lib.CONFLICT):
+      if origin and (axes or origin.root.kind is completion_lib.CONFLICT):
         what = "%s (%s)" % (what, origin.root.kind if brief
                             else origin.describe())
       parts.append(what)

@@ -20,6 +20,7 @@ Example:
   >>> convert_to_layout_rules("batch:x+y").mesh_axis_names("batch")
   ('x', 'y')
 """
+import enum
 import re
 import warnings
 
@@ -62,9 +63,15 @@ def parse_axes(value, what="layout rule"):
   return names
 
 
-# What a rule naming a mesh axis the mesh lacks does: "error" (meshtf's
-# MeshLayout and binary) or "inactive" (Mesh TensorFlow's semantics).
-ABSENT_AXES = ("error", "inactive")
+class AbsentAxes(enum.StrEnum):
+  """What a rule naming a mesh axis the mesh lacks does (a LayoutRules'
+  policy; MeshLayout and rules_on_mesh dispatch on it)."""
+  ERROR = "error"         # refused (meshtf's MeshLayout and binary)
+  INACTIVE = "inactive"   # does nothing there (Mesh TensorFlow's semantics)
+
+
+# The policies' names (as LayoutRules' error message lists them).
+ABSENT_AXES = tuple(policy.value for policy in AbsentAxes)
 
 
 class LayoutRules(object):
@@ -86,7 +93,7 @@ class LayoutRules(object):
     if absent_axes not in ABSENT_AXES:
       raise ValueError("LayoutRules: absent_axes=%r; use one of %s"
                        % (absent_axes, ABSENT_AXES))
-    self.absent_axes = absent_axes
+    self.absent_axes = AbsentAxes(absent_axes)
     self._pairs = []
     by_dim = {}
     for pair in pairs:
@@ -118,7 +125,7 @@ class LayoutRules(object):
 
     Example:
       >>> convert_to_layout_rules("batch:b").with_absent_axes(
-      ...     "inactive").absent_axes
+      ...     "inactive").absent_axes.value
       'inactive'
     """
     if absent_axes == self.absent_axes:
@@ -142,7 +149,7 @@ class LayoutRules(object):
       ok = all(a in names for a in self._by_dim[dim_name])
       (active if ok else inactive).append((dim_name, text))
     if not inactive:
-      return self.with_absent_axes("error"), []
+      return self.with_absent_axes(AbsentAxes.ERROR), []
     return LayoutRules(active), inactive
 
   @property
@@ -208,8 +215,8 @@ class LayoutRules(object):
             if mesh_dim_name in axes]
 
   def __repr__(self):
-    extra = ("" if self.absent_axes == "error"
-             else ", absent_axes=%r" % self.absent_axes)
+    extra = ("" if self.absent_axes is AbsentAxes.ERROR
+             else ", absent_axes=%r" % self.absent_axes.value)
     return "LayoutRules(%r%s)" % (";".join("%s:%s" % p for p in self._pairs),
                                   extra)
 
@@ -275,7 +282,7 @@ def rules_on_mesh(layout_rules, mesh_shape, warn=True):
     ...               convert_to_shape("batch:8"), warn=False).pairs
     [('batch', 'batch')]
   """
-  if layout_rules.absent_axes == "error":
+  if layout_rules.absent_axes is AbsentAxes.ERROR:
     validate_layout_rules(layout_rules, mesh_shape)
     return layout_rules
   active, inactive = layout_rules.split_by_mesh(mesh_shape)

@@ -149,12 +149,12 @@ class MeshLayout(object):
     # Which rule sets must name dims of the graph (check_rule_dims): not
     # Mesh TF's inactive-mode ones (rules_on_mesh may drop the mode).
     self._checked_rules = [(self._rules, "layout rule")] \
-        if given.absent_axes == "error" else []
+        if given.absent_axes is rules_lib.AbsentAxes.ERROR else []
     self._variable_rules = None
     if variable_rules is not None:
       given = rules_lib.convert_to_layout_rules(variable_rules)
       self._variable_rules = rules_lib.rules_on_mesh(given, self._mesh)
-      if given.absent_axes == "error":
+      if given.absent_axes is rules_lib.AbsentAxes.ERROR:
         self._checked_rules.append((self._variable_rules,
                                     "variable layout rule"))
     self._activation_rules = None

@@ -52,6 +52,43 @@ class StepKind(enum.StrEnum):
   RESHAPE = "reshape"                 # a local reshape of the slice
 
 
+class CollectiveKind(enum.StrEnum):
+  """The kind of a collective record (a closed vocabulary: the lowering
+  records it, Lowering.collective_stats and the plan report it,
+  collective_bytes and the interconnect models price it). A communicating
+  StepKind's value is the CollectiveKind of the same name.
+
+  Example:
+    >>> CollectiveKind.allreduce("SUM"), CollectiveKind.ALLCONCAT.is_allreduce
+    (<CollectiveKind.ALLREDUCE_SUM: 'allreduce_sum'>, False)
+  """
+  ALLREDUCE_SUM = "allreduce_sum"
+  ALLREDUCE_MAX = "allreduce_max"
+  ALLREDUCE_MIN = "allreduce_min"
+  ALLCONCAT = "allconcat"
+  ALLTOALL = "alltoall"
+  REDUCE_SCATTER = "reduce_scatter"
+  PERMUTE = "permute"              # a shift or receive along one axis
+
+  @classmethod
+  def allreduce(cls, reduction_fn_string):
+    """The allreduce of "SUM", "MAX" or "MIN"."""
+    return cls("allreduce_" + reduction_fn_string.lower())
+
+  @property
+  def is_allreduce(self):
+    return self in _ALLREDUCES
+
+  @property
+  def family(self):
+    """The collective op family ("allreduce" for every reduction)."""
+    return "allreduce" if self.is_allreduce else self.value
+
+
+_ALLREDUCES = frozenset([CollectiveKind.ALLREDUCE_SUM,
+                         CollectiveKind.ALLREDUCE_MAX,
+                         CollectiveKind.ALLREDUCE_MIN])
+
 # The steps that communicate.
 COLLECTIVE_STEPS = frozenset([StepKind.ALLCONCAT, StepKind.ALLTOALL,
                               StepKind.REDUCE_SCATTER])
@@ -86,19 +123,18 @@ def collective_bytes(kind, group_size, elements, itemsize):
     >>> collective_bytes("allreduce_sum", 4, 1000, 4)   # 2 * 3/4 * 4000
     6000
   """
+  kind = CollectiveKind(kind)
   n = group_size
   if n <= 1:
     return 0
-  if kind == "allconcat":
+  if kind is CollectiveKind.ALLCONCAT:
     sent = (n - 1) * elements
-  elif kind in ("alltoall", "reduce_scatter"):
+  elif kind in (CollectiveKind.ALLTOALL, CollectiveKind.REDUCE_SCATTER):
     sent = elements * (n - 1) / n
-  elif kind.startswith("allreduce"):
+  elif kind.is_allreduce:
     sent = 2.0 * elements * (n - 1) / n
-  elif kind == "permute":
+  else:  # CollectiveKind.PERMUTE
     sent = elements
-  else:
-    sent = 0
   return int(round(sent * itemsize))
 
 
@@ -294,7 +330,7 @@ def fuse_reduce_scatter(plan, pending_axes, dtype_size=4):
       s = s._replace(kind=StepKind.REDUCE_SCATTER,
                      elements_per_device=elements,
                      bytes_per_device=collective_bytes(
-                         "reduce_scatter", s.group_size, elements,
+                         CollectiveKind.REDUCE_SCATTER, s.group_size, elements,
                          dtype_size))
     steps.append(s)
   return RelayoutPlan(plan.old_shape, plan.new_shape, steps), pending

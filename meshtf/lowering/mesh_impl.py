@@ -32,6 +32,7 @@ from meshtf import shapes
 from meshtf.layouts import mesh_layout as mesh_layout_lib
 from meshtf.layouts import relayout as relayout_lib
 from meshtf.layouts import tensor_layouts
+from meshtf.layouts.relayout import CollectiveKind
 from meshtf.lowering import constants
 
 # What the padding of uneven splits holds when meshtf makes it (imports,
@@ -74,8 +75,8 @@ def padding_fill(dtype):
 
 CollectiveRecord = collections.namedtuple(
     "CollectiveRecord",
-    ["kind", "mesh_axes", "group_size", "elements_per_device",
-     "bytes_per_device"])
+    ["kind",                 # a CollectiveKind
+     "mesh_axes", "group_size", "elements_per_device", "bytes_per_device"])
 
 
 # Variables are made eagerly (tf.init_scope) while a MeshFunction's first
@@ -221,6 +222,7 @@ class MeshImpl(object):
   def record_collective(self, kind, mesh_axes, elements_per_device,
                         itemsize=4):
     if self._recorder is not None and mesh_axes:
+      kind = CollectiveKind(kind)
       group = self.shape.group_size(mesh_axes)
       elements = int(elements_per_device)
       self._recorder(CollectiveRecord(
@@ -249,7 +251,7 @@ class MeshImpl(object):
     axes = self._axes_of_size_above_one(mesh_axes)
     if not axes:
       return x
-    self._record("allreduce_" + reduction_fn_string.lower(), axes, x)
+    self._record(CollectiveKind.allreduce(reduction_fn_string), axes, x)
     return self._allreduce(x, axes, reduction_fn_string)
 
   def allreduce_bucket(self, xs, mesh_axes, reduction_fn_string="SUM"):
@@ -281,7 +283,8 @@ class MeshImpl(object):
     flat = self.slicewise(lambda *ts: tf.concat(
         [tf.reshape(t, constants.int32([-1])) for t in ts],
         constants.int32(0)), *xs)
-    self._record("allreduce_" + reduction_fn_string.lower(), axes, flat)
+    self._record(CollectiveKind.allreduce(reduction_fn_string), axes,
+                 flat)
     total = self._allreduce(flat, axes, reduction_fn_string)
 
     def unpack(t):
@@ -300,7 +303,7 @@ class MeshImpl(object):
     slices carry padding (an uneven split) -- the result is cut to it."""
     for m in reversed(_axis_tuple(mesh_axis)):
       if self._axes_of_size_above_one([m]):
-        self._record("allconcat", [m], x)
+        self._record(CollectiveKind.ALLCONCAT, [m], x)
         x = self._allconcat(x, m, concat_axis)
     return self._cut(x, concat_axis, size)
 
@@ -347,7 +350,7 @@ class MeshImpl(object):
       return x
     x = self.slicewise(lambda t: _pad_to(t, split_axis, n * -(
         -int(t.shape[split_axis]) // n)), x)
-    self._record("alltoall", axes, x)
+    self._record(CollectiveKind.ALLTOALL, axes, x)
     y = self._alltoall(x, axes[0] if len(axes) == 1 else tuple(axes),
                        split_axis, concat_axis)
     return self._cut(y, concat_axis, concat_size)
@@ -371,7 +374,7 @@ class MeshImpl(object):
     padded = padded_size or n * -(-full // n)
     x = self.slicewise(lambda t: _pad_to(t, split_axis, padded), x)
     for m in axes:
-      self._record("reduce_scatter", [m], x)
+      self._record(CollectiveKind.REDUCE_SCATTER, [m], x)
       x = self._reduce_scatter(x, m, split_axis)
     return x
 
@@ -398,7 +401,7 @@ class MeshImpl(object):
                           n))
     if n == 1 and source_pcoord[0] == 0:
       return x
-    self._record("permute", [mesh_axis], x)
+    self._record(CollectiveKind.PERMUTE, [mesh_axis], x)
     return self._receive(x, mesh_axis, list(source_pcoord))
 
   def _cut(self, x, axis, size):
@@ -617,7 +620,7 @@ class MeshImpl(object):
     ordinary TF ops: once on each group's first device, then copied to every
     member's device. Records the collective. Returns the per-processor list."""
     first = slice_list[0]
-    self.record_collective("allreduce_" + reduction_fn_string.lower(),
+    self.record_collective(CollectiveKind.allreduce(reduction_fn_string),
                            sorted(mesh_axes), first.shape.num_elements(),
                            first.dtype.size)
     return self._host_reduce(slice_list, mesh_axes, reduction_fn_string)

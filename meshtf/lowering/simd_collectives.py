@@ -105,6 +105,8 @@ def check_jit_compile(jit_compile, where):
 def xla_program_refusal(kind, reduction, whole_mesh, devices, hint="auto"):
   """Why TF 2.21 cannot compile this collective inside a jit_compile=True
   program, or None where its XLA lowering may (untested on GPU here).
+  kind: the collective's family (a CollectiveKind's .family: "allreduce"
+  for every reduction, which `reduction` names).
 
   TF 2.21's tf2xla lowers only CollectiveReduceV2, with Add/Mul, hint
   "nccl" or "auto", a compile-time constant group key (a group spanning

@@ -43,6 +43,7 @@ import collections
 
 from meshtf.layouts import reasons as reasons_lib
 from meshtf.layouts import relayout as relayout_lib
+from meshtf.layouts.relayout import CollectiveKind
 from meshtf.lowering import bucketing
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.plan import accounting
@@ -70,6 +71,7 @@ class _Recorder(object):
     group = self._mesh_layout.group_size(mesh_axes)
     if group <= 1 or not elements:
       return
+    kind = CollectiveKind(kind)
     key = (kind, tuple(self._mesh_layout.mesh_axis_names(mesh_axes)), group,
            int(elements),
            relayout_lib.collective_bytes(kind, group, elements, itemsize))
@@ -78,9 +80,10 @@ class _Recorder(object):
   def add_plan(self, plan, reason=None):
     for s in plan.steps:
       if s.kind in relayout_lib.COLLECTIVE_STEPS:
-        key = (s.kind.value, tuple(self._mesh_layout.mesh_axis_names(
-            relayout_lib.step_axes(s))), s.group_size, s.elements_per_device,
-               s.bytes_per_device)
+        key = (CollectiveKind(s.kind),
+               tuple(self._mesh_layout.mesh_axis_names(
+                   relayout_lib.step_axes(s))),
+               s.group_size, s.elements_per_device, s.bytes_per_device)
         if s.group_size > 1:
           self._count(key, reason)
 
@@ -257,7 +260,7 @@ def estimate_collectives(operations, graph_layout, outputs=None,
     if len(members) == 1:
       reduce_now(members[0])
     elif members:
-      rec.add("allreduce_sum", pending[members[0]], sum(
+      rec.add(CollectiveKind.ALLREDUCE_SUM, pending[members[0]], sum(
           graph_layout.tensor_mesh_layout(t).slice_size(t.shape)
           for t in members), members[0].dtype.size,
               reasons_lib.bucket(graph_layout, members))
@@ -294,9 +297,9 @@ def estimate_collectives(operations, graph_layout, outputs=None,
   def reduce_now(t, reader=None, where=None):
     if t in pending and t not in reduced:
       layout = graph_layout.tensor_mesh_layout(t)
-      rec.add("allreduce_sum", pending[t], layout.slice_size(t.shape),
-              t.dtype.size, reasons_lib.reduce(graph_layout, reader, t,
-                                               where=where))
+      rec.add(CollectiveKind.ALLREDUCE_SUM, pending[t],
+              layout.slice_size(t.shape), t.dtype.size,
+              reasons_lib.reduce(graph_layout, reader, t, where=where))
       reduced.add(t)
 
   times = collections.Counter()
@@ -359,8 +362,8 @@ def _estimate_op(op, graph_layout, memo, rec, readers, pending, reduced,
         if len(rest) < len(pending[t]):
           why = reasons_lib.reduce(graph_layout, op, t, scatter=True)
           rec.add_plan(fused, why)
-          rec.add("allreduce_sum", rest, layout.slice_size(t.shape),
-                  t.dtype.size, why)
+          rec.add(CollectiveKind.ALLREDUCE_SUM, rest,
+                  layout.slice_size(t.shape), t.dtype.size, why)
           continue
       # A relayout reduces it first (the lowering's _relay_to).
       if plan is None and readers[t] == 1 and linear():
@@ -386,7 +389,7 @@ def _estimate_op(op, graph_layout, memo, rec, readers, pending, reduced,
   if halo is not None:
     x = op.inputs[0]
     for mesh_axis, elements in halo:
-      rec.add("permute", [mesh_axis], elements, x.dtype.size,
+      rec.add(CollectiveKind.PERMUTE, [mesh_axis], elements, x.dtype.size,
               reasons_lib.computes(graph_layout, op))
     return
   if keeps:
@@ -411,7 +414,7 @@ def _estimate_op(op, graph_layout, memo, rec, readers, pending, reduced,
     for out in op.outputs:
       pending[out] = axes
   else:
-    kind = "allreduce_" + op.split_reduction.lower()
+    kind = CollectiveKind.allreduce(op.split_reduction)
     here = span(op.inputs[0], op)[1]
     rec.span = (here, here + 1)
     for out in op.outputs:

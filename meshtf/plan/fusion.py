@@ -57,6 +57,7 @@ import collections
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.op_kinds import CostKind
 from meshtf.plan import accounting
+from meshtf.plan.hardware import Compiler
 
 _FUSES = (CostKind.FUSIBLE, CostKind.REDUCING)
 
@@ -80,7 +81,7 @@ def op_seconds(operations, graph_layout, hw, costs=None, found=None):
   # A loop body's op runs once per iteration: its kernel's bytes and
   # padded flops count that many times (costs' flops already do).
   times = {op: n for op, n in accounting.runs_per_step(list(operations))}
-  if hw.compiler != "xla":
+  if hw.compiler is not Compiler.XLA:
     # One launch per run; a loop's sums add one kernel per iteration each.
     seconds = {op: _roofline(c.flops, c.bytes, hw) + (
         hw.kernel_overhead * times.get(op, 1)

@@ -293,7 +293,8 @@ class PlanReport(object):
   def _step_rule(self):
     hw = self.hardware
     ops = ("fused kernels' rooflines (plan/fusion.py)"
-           if hw.compiler == "xla" and self.operations is not None
+           if hw.compiler is hardware_lib.Compiler.XLA and
+           self.operations is not None
            else "ops' rooflines, one kernel each")
     if self.timeline() is not None:
       return ("step time = the %s in graph order, with each collective "
@@ -419,7 +420,7 @@ def plan(graph, mesh_layout, hardware="cpu", backward_start=None,
   # Where XLA compiles the program its fused kernels' intermediates take
   # no memory (the sequential liveness the plan reports there).
   found = (fusion.union_find(operations, graph_layout)
-           if hw.compiler == "xla" else None)
+           if hw.compiler is hardware_lib.Compiler.XLA else None)
   fused = (accounting.fused_kernels(fusion.fusions(operations, graph_layout,
                                                    found))
            if found is not None else None)

@@ -188,7 +188,8 @@ def _screen(graphs, weights, layout, hw, cap):
     except errors.LayoutError:
       return None
     fused = (accounting.fused_kernels(fusion.fusions(ops, graph_layout))
-             if hw.compiler == "xla" else None)   # as plan() counts memory
+             if hw.compiler is hardware_lib.Compiler.XLA
+             else None)   # as plan() counts memory
     acc = accounting.account(ops, graph_layout, graph.backward_start, fused)
     events = []
     records = estimate.estimate_collectives(ops, graph_layout,

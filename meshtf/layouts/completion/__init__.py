@@ -74,6 +74,7 @@ from meshtf.layouts.completion.levels import LEVEL_NAMES
 from meshtf.layouts.completion.origins import ANNOTATION
 from meshtf.layouts.completion.origins import CONFLICT
 from meshtf.layouts.completion.origins import Origin
+from meshtf.layouts.completion.origins import OriginKind
 from meshtf.layouts.completion.origins import RULES
 from meshtf.layouts.completion.origins import VARIABLE
 from meshtf.layouts.completion.origins import rule_origin

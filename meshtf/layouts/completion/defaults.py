@@ -4,11 +4,12 @@ recorded); the sum of a gradient's parts takes its parts' common layout.
 
 Example:
   >>> for node in nodes_of:
-  ...   if node.mode != "fixed":
+  ...   if node.mode is not nodes.NodeMode.FIXED:
   ...     defaults.fill_default(node, rules)
 """
 from meshtf.layouts import layout_rules as rules_lib
 from meshtf.layouts.completion import levels
+from meshtf.layouts.completion import nodes as nodes_lib
 from meshtf.layouts.completion import origins as origins_lib
 from meshtf.layouts.completion import propagation as propagation_lib
 
@@ -16,9 +17,9 @@ from meshtf.layouts.completion import propagation as propagation_lib
 def fill_default(node, rules):
   """The default level for one node (graph order: its inputs and sources
   are final)."""
-  if node.mode in ("derived", "mirror"):
+  if node.mode in nodes_lib.COPIES_SOURCE:
     propagation_lib.copy_source(node, levels.DEFAULT)
-  elif node.mode == "sum":
+  elif node.mode is nodes_lib.NodeMode.SUM:
     _sum_layout(node)
   values, origins = node.values, node.origins
   for name in node.names:
@@ -27,14 +28,15 @@ def fill_default(node, rules):
     inherited = None
     for e in node.inputs:
       v = e.producer.values.get(name)
-      if v == () and (e.producer.origins[name].root.kind ==
+      if v == () and (e.producer.origins[name].root.kind is
                       origins_lib.ANNOTATION):
         inherited = e.producer.origins[name]
         break
     if inherited is not None:
       values[name] = ()
-      origins[name] = origins_lib.Origin("whole like its input", None,
-                                         node.op.name, inherited)
+      origins[name] = origins_lib.Origin(
+          origins_lib.OriginKind.WHOLE_LIKE_INPUT, None, node.op.name,
+          inherited)
       continue
     axes = rules(name)
     taker = None
@@ -83,7 +85,8 @@ def _sum_layout(node):
         if v is not None:
           node.values[dim] = v
           node.origins[dim] = origins_lib.Origin(
-              "mirror" if moved else "rename of a gradient", None, op.name,
+              origins_lib.OriginKind.MIRROR if moved
+              else origins_lib.OriginKind.RENAME_OF_GRADIENT, None, op.name,
               src.origins[name or dim])
     return
   common = None
@@ -99,13 +102,13 @@ def _sum_layout(node):
     dims, layout, e = common
     for name, v in zip(dims, layout):
       node.values[name] = v
-      node.origins[name] = origins_lib.Origin("sum of its parts", None,
-                                              op.name,
-                                              e.producer.origins[name])
+      node.origins[name] = origins_lib.Origin(
+          origins_lib.OriginKind.SUM_OF_PARTS, None, op.name,
+          e.producer.origins[name])
     return
   src = node.source
   for name in node.owned:
     if name in src.values:
       node.values[name] = src.values[name]
-      node.origins[name] = origins_lib.Origin("mirror", None, op.name,
-                                              src.origins[name])
+      node.origins[name] = origins_lib.Origin(
+          origins_lib.OriginKind.MIRROR, None, op.name, src.origins[name])

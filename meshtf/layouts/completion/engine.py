@@ -71,7 +71,7 @@ def _complete(mesh_layout, operations, fixed):
     given = fixed.get(node.op)
     if given is not None:
       values, origin, propagates = given
-      node.mode = "fixed"
+      node.mode = nodes_lib.NodeMode.FIXED
       node.propagates = propagates
       for name in node.names:
         node.values[name] = tuple(values.get(name, ()))
@@ -90,6 +90,6 @@ def _complete(mesh_layout, operations, fixed):
           name)
     return axes
   for node in nodes:
-    if node.mode != "fixed":
+    if node.mode is not nodes_lib.NodeMode.FIXED:
       defaults_lib.fill_default(node, rules)
   return Completion(nodes, by_op)

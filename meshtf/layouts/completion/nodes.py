@@ -8,7 +8,23 @@ Example:
   >>> by_op = {n.op: n for n in nodes_of}
   >>> nodes.connect(nodes_of, by_op, names_of)
 """
+import enum
+
 from meshtf.layouts.completion import levels
+
+
+class NodeMode(enum.StrEnum):
+  """How a node's layout is completed (a closed vocabulary: every level
+  dispatches on it)."""
+  FIXED = "fixed"       # given (an annotation, a variable layout, ...)
+  DERIVED = "derived"   # the layout of its op's layout_source
+  MIRROR = "mirror"     # a gradient op mirroring its forward op
+  SUM = "sum"           # the sum of a gradient's parts
+  FREE = "free"         # proposals and rules decide
+
+
+# The modes whose owned dims copy their source's.
+COPIES_SOURCE = frozenset([NodeMode.DERIVED, NodeMode.MIRROR])
 
 
 class Edge(object):
@@ -48,7 +64,7 @@ class Node(object):
     self._partners = None
     self.values = {}     # dim name -> tuple of mesh axis names (() whole)
     self.origins = {}    # dim name -> Origin
-    self.mode = "free"   # fixed | derived | mirror | sum | free
+    self.mode = NodeMode.FREE
     self.propagates = True
     self.source = None   # the node a derived / mirror / sum node copies
     self.source_dims = ()
@@ -148,7 +164,7 @@ def classify(node, by_op):
   op = node.op
   source = op.layout_source
   if source is not None and source.operation in by_op:
-    node.mode = "derived"
+    node.mode = NodeMode.DERIVED
     node.source = by_op[source.operation]
     node.source_dims = tuple(d.name for d in source.shape.dims)
   elif op.forward_op is not None and _is_rename(op) and \
@@ -157,16 +173,16 @@ def classify(node, by_op):
     # sums pass it (a local reshape) pending, so it follows its input and
     # the sum it feeds is reduced once (self-attention's keys' and values'
     # gradients); else it mirrors the rename (_sum_layout decides).
-    node.mode = "sum"
+    node.mode = NodeMode.SUM
     node.source = by_op[op.forward_op]
     node.source_dims = ()
   elif op.forward_op is not None and op.forward_op in by_op:
-    node.mode = "mirror"
+    node.mode = NodeMode.MIRROR
     node.source = by_op[op.forward_op]
     theirs = set(node.source.names)
     node.source_dims = tuple(n for n in node.names if n in theirs)
   elif op.gradient_of is not None and op.gradient_of.operation in by_op:
-    node.mode = "sum"
+    node.mode = NodeMode.SUM
     node.source = by_op[op.gradient_of.operation]
     node.source_dims = tuple(d.name for d in op.gradient_of.shape.dims)
   else:

@@ -7,13 +7,42 @@ Example:
   >>> origins.rule_origin("batch", ("x",)).describe()
   'rules batch:x'
 """
+import enum
+
 from meshtf.layouts import layout_rules as rules_lib
 
-# Origin roots.
-ANNOTATION = "annotation"
-VARIABLE = "variable layout"
-RULES = "rules"
-CONFLICT = "whole (axis taken)"
+
+class OriginKind(enum.StrEnum):
+  """What an Origin is (a closed vocabulary: the completion and the
+  collectives' reasons compare it; its value is what describe() and the
+  reasons print): a root, or a hop from a neighbour's entry."""
+  # Roots.
+  ANNOTATION = "annotation"
+  VARIABLE = "variable layout"
+  RULES = "rules"
+  CONFLICT = "whole (axis taken)"
+  # Hops: a derived or mirror node copying its source, a dim left whole
+  # like its input's annotation, a gradient's sum taking its parts'
+  # layout or a rename's gradient its input's (defaults.py), and a
+  # proposal at a level (its name, levels.LEVEL_NAMES; the mirror
+  # level's is MIRROR).
+  LAYOUT_OF = "layout of"
+  MIRROR = "mirror"
+  WHOLE_LIKE_INPUT = "whole like its input"
+  SUM_OF_PARTS = "sum of its parts"
+  RENAME_OF_GRADIENT = "rename of a gradient"
+  ELEMENTWISE = "elementwise"
+  BROADCAST_BACKWARD = "broadcast (backward)"
+  CONTRACTION = "contraction"
+  WEIGHTS = "weights"
+  BROADCAST_FORWARD = "broadcast (forward)"
+
+
+# The roots, as the package exports them (completion.ANNOTATION, ...).
+ANNOTATION = OriginKind.ANNOTATION
+VARIABLE = OriginKind.VARIABLE
+RULES = OriginKind.RULES
+CONFLICT = OriginKind.CONFLICT
 
 
 class Origin(object):
@@ -22,13 +51,13 @@ class Origin(object):
   neighbour's entry (`previous`) at a level, into operation `op`.
 
   Example:
-    >>> origin.root.kind, origin.root.label, origin.path()[-2:]
+    >>> origin.root.kind.value, origin.root.label, origin.path()[-2:]
     ('annotation', "mtf.shard 'shard_5'", ['cast_15', 'square_1'])
   """
   __slots__ = ("kind", "label", "op", "previous", "root", "hops")
 
   def __init__(self, kind, label=None, op=None, previous=None):
-    self.kind = kind
+    self.kind = kind   # an OriginKind
     self.label = label
     self.op = op
     self.previous = previous

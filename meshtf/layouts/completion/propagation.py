@@ -10,14 +10,23 @@ import heapq
 
 from meshtf import shapes
 from meshtf.layouts.completion import levels
+from meshtf.layouts.completion import nodes as nodes_lib
 from meshtf.layouts.completion import origins as origins_lib
+
+# The kind of the hop a proposal makes at each level that proposes.
+_HOP_KINDS = {level: origins_lib.OriginKind(levels.LEVEL_NAMES[level])
+              for level in (levels.MIRROR,) + levels.PROPAGATION_LEVELS}
+# The modes of nodes that take no proposals.
+_SETTLED = frozenset([nodes_lib.NodeMode.FIXED, nodes_lib.NodeMode.SUM])
 
 
 def copy_source(node, level):
   """A derived or mirror node's owned dims, as its source has them."""
   changed = False
   src = node.source
-  kind = "layout of" if node.mode == "derived" else "mirror"
+  kind = (origins_lib.OriginKind.LAYOUT_OF
+          if node.mode is nodes_lib.NodeMode.DERIVED
+          else origins_lib.OriginKind.MIRROR)
   for name in node.owned:
     v = src.values.get(name)
     if v is None or node.values.get(name) == v:
@@ -67,7 +76,7 @@ def _propose(node, name, axes, previous, level, ctx):
       del node.values[b]
       del node.origins[b]
   node.values[name] = axes
-  node.origins[name] = origins_lib.Origin(levels.LEVEL_NAMES[level], None,
+  node.origins[name] = origins_lib.Origin(_HOP_KINDS[level], None,
                                           node.op.name, previous)
   return True
 
@@ -78,7 +87,7 @@ def _visit(node, level, ctx):
   from its readers (a contraction: from the contraction level on, when
   its inputs have spoken)."""
   changed = False
-  if node.mode in ("derived", "mirror"):
+  if node.mode in nodes_lib.COPIES_SOURCE:
     changed = copy_source(node, level)
   owned = node.owned
   out_first = (True, False) if node.contraction else (None,)
@@ -87,7 +96,7 @@ def _visit(node, level, ctx):
       if e.forward > level:
         break
       p = e.producer
-      if not p.propagates or p.mode == "sum":
+      if not p.propagates or p.mode is nodes_lib.NodeMode.SUM:
         continue
       for name in e.dims:
         if name in owned or (wanted_out is not None and
@@ -98,7 +107,7 @@ def _visit(node, level, ctx):
           continue
         origin = p.origins[name]
         if (e.forward >= levels.CONTRACTION and level < levels.WEIGHTS and
-            origin.root.kind == origins_lib.VARIABLE):
+            origin.root.kind is origins_lib.VARIABLE):
           continue
         changed |= _propose(node, name, v, origin, e.forward, ctx)
   if not node.contraction or level >= levels.CONTRACTION:
@@ -106,7 +115,7 @@ def _visit(node, level, ctx):
       if e.backward > level:
         break
       c = e.consumer
-      if not c.propagates or c.mode == "sum":
+      if not c.propagates or c.mode is nodes_lib.NodeMode.SUM:
         continue
       for name in e.dims:
         if name in owned:
@@ -116,7 +125,7 @@ def _visit(node, level, ctx):
           continue
         origin = c.origins[name]
         if (e.backward >= levels.CONTRACTION and level < levels.WEIGHTS and
-            origin.root.kind == origins_lib.VARIABLE):
+            origin.root.kind is origins_lib.VARIABLE):
           continue
         changed |= _propose(node, name, v, origin,
                             max(e.backward, levels.CONTRACTION
@@ -196,7 +205,7 @@ def _carry_factors(node, level, axis_sizes):
       v = node.values.get(src)
       if not v or src in node.owned and dst in node.owned:
         continue
-      if node.origins[src].root.kind == origins_lib.RULES:
+      if node.origins[src].root.kind is origins_lib.RULES:
         continue   # a rule names one dim; the other has its own rule
       if dst in node.owned:
         continue
@@ -215,10 +224,10 @@ def propagate(nodes, level, axis_sizes):
   # has something to say.
   seeds = set()
   for n in nodes:
-    if not n.values or not n.propagates or n.mode == "sum":
+    if not n.values or not n.propagates or n.mode is nodes_lib.NodeMode.SUM:
       continue
     weights = level == levels.WEIGHTS and any(
-        o.root.kind == origins_lib.VARIABLE for o in n.origins.values())
+        o.root.kind is origins_lib.VARIABLE for o in n.origins.values())
     for e in n.readers:
       if e.forward == level or weights and e.forward >= levels.CONTRACTION:
         seeds.add(e.consumer)
@@ -227,13 +236,14 @@ def propagate(nodes, level, axis_sizes):
         seeds.add(e.producer)
     if level == levels.MIRROR:
       seeds.update(n.dependents)
-  heap = [n.index for n in seeds if n.mode not in ("fixed", "sum")]
+  heap = [n.index for n in seeds if n.mode not in _SETTLED]
   heapq.heapify(heap)
   queued = set(heap)
   # Contractions decide first at their level, so that nothing copies a
   # wish they then weigh against their inputs.
   first = [n for n in reversed(nodes) if n.contraction and
-           n.mode == "free"] if level >= levels.CONTRACTION else []
+           n.mode is nodes_lib.NodeMode.FREE
+           ] if level >= levels.CONTRACTION else []
   while heap or first:
     if first:
       node = first.pop()
@@ -244,17 +254,17 @@ def propagate(nodes, level, axis_sizes):
       continue
     for e in node.inputs:
       p = e.producer
-      if e.backward <= level and p.mode not in ("fixed", "sum") and \
+      if e.backward <= level and p.mode not in _SETTLED and \
           p.index not in queued:
         queued.add(p.index)
         heapq.heappush(heap, p.index)
     for e in node.readers:
       c = e.consumer
-      if e.forward <= level and c.mode not in ("fixed", "sum") and \
+      if e.forward <= level and c.mode not in _SETTLED and \
           c.index not in queued:
         queued.add(c.index)
         heapq.heappush(heap, c.index)
     for d in node.dependents:
-      if d.mode != "sum" and d.index not in queued:
+      if d.mode is not nodes_lib.NodeMode.SUM and d.index not in queued:
         queued.add(d.index)
         heapq.heappush(heap, d.index)

@@ -21,6 +21,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
+from meshtf.layouts.relayout import CollectiveKind
 from meshtf.lowering import cluster
 from meshtf.lowering import constants
 from meshtf.lowering import grappler as grappler_lib
@@ -645,14 +646,14 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
     ctx = self._context()
     if self.jit_compile == "program":
       why = simd_collectives.xla_program_refusal(
-          kind, reduction, not table.strides, self.devices,
+          kind.family, reduction, not table.strides, self.devices,
           self.communication_hint)
       if why:
         raise ValueError(
             "jit_compile='program' cannot compile the %s over mesh axes %s "
             "of mesh %s: %s. Use jit_compile='segments' (XLA compiles the "
             "ops between the collectives)" % (
-                kind + ("_" + reduction.lower() if reduction else ""),
+                kind,
                 [self.shape.dims[a].name for a in sorted(mesh_axes)],
                 self.shape, why))
     return table, dict(
@@ -683,25 +684,28 @@ class SimdMeshImpl(mesh_impl_lib.MeshImpl):
                                                    source_pcoord)])
 
   def _allreduce_slice(self, t, mesh_axes, reduction_fn_string):
-    _, args = self._collective_args(mesh_axes, "allreduce",
-                                    reduction_fn_string)
+    _, args = self._collective_args(
+        mesh_axes, CollectiveKind.allreduce(reduction_fn_string),
+        reduction_fn_string)
     return simd_collectives.all_reduce(t, reduction_fn_string, args)
 
   def _allconcat_slice(self, t, mesh_axis, concat_axis):
-    table, args = self._collective_args([mesh_axis], "allconcat")
+    table, args = self._collective_args([mesh_axis],
+                                       CollectiveKind.ALLCONCAT)
     return simd_collectives.all_concat(t, concat_axis, table,
                                        self.group_index(table), args)
 
   def _alltoall_slice(self, t, mesh_axis, split_axis, concat_axis):
     # One axis, or a tuple of axes in mesh order (one group over all).
     axes = list(mesh_axis) if isinstance(mesh_axis, tuple) else [mesh_axis]
-    table, args = self._collective_args(axes, "alltoall")
+    table, args = self._collective_args(axes, CollectiveKind.ALLTOALL)
     return simd_collectives.all_to_all(t, split_axis, concat_axis, table,
                                        self.group_index(table), args)
 
   def _permute_slice(self, t, mesh_axis, source_pcoord):
     # Built on all-to-all: TF has no collective permute kernel for CPU/GPU.
-    table, args = self._collective_args([mesh_axis], "permute")
+    table, args = self._collective_args([mesh_axis],
+                                       CollectiveKind.PERMUTE)
     return simd_collectives.permute(t, source_pcoord, self.pcoord(mesh_axis),
                                     table, self.group_index(table), args)
 

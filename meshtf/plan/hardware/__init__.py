@@ -11,8 +11,10 @@ Example:
   >>> HARDWARE["h100_8x_node"].describe()[1]
   '  peak per GPU = 989 TFLOP/s bf16 dense  [NVIDIA H100 SXM datasheet]'
 """
+from meshtf.layouts.relayout import CollectiveKind
 from meshtf.plan.hardware import interconnect
 from meshtf.plan.hardware.catalogue import HARDWARE
+from meshtf.plan.hardware.catalogue import Compiler
 from meshtf.plan.hardware.catalogue import Hardware
 from meshtf.plan.hardware.catalogue import Source
 from meshtf.plan.hardware.catalogue import executor_threads
@@ -20,10 +22,10 @@ from meshtf.plan.hardware.catalogue import get
 
 # A collective's bytes sent per device over its input slice's bytes
 # (relayout.collective_bytes), by kind.
-_SENT_PER_SLICE = {"allconcat": lambda n: n - 1.0,
-                   "alltoall": lambda n: (n - 1.0) / n,
-                   "reduce_scatter": lambda n: (n - 1.0) / n,
-                   "permute": lambda n: 1.0}
+_SENT_PER_SLICE = {CollectiveKind.ALLCONCAT: lambda n: n - 1.0,
+                   CollectiveKind.ALLTOALL: lambda n: (n - 1.0) / n,
+                   CollectiveKind.REDUCE_SCATTER: lambda n: (n - 1.0) / n,
+                   CollectiveKind.PERMUTE: lambda n: 1.0}
 
 
 def slice_bytes(record):
@@ -34,7 +36,7 @@ def slice_bytes(record):
   elements = record["elements_per_device"]
   if n <= 1 or not elements:
     return 0
-  kind = record["kind"]
+  kind = CollectiveKind(record["kind"])
   factor = _SENT_PER_SLICE.get(kind, lambda n: 2.0 * (n - 1) / n)(n)
   itemsize = max(int(round(record["bytes_per_device"] /
                            (factor * elements))), 1)

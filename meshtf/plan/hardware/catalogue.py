@@ -17,10 +17,19 @@ Example:
 """
 import collections
 import copy
+import enum
 
 from meshtf.plan.hardware import interconnect
 
 Source = collections.namedtuple("Source", ["what", "value", "source"])
+
+
+class Compiler(enum.StrEnum):
+  """What runs a hardware model's per-device program (the module
+  docstring): a closed vocabulary the plan's fusion, memory and step
+  rules dispatch on."""
+  XLA = "xla"
+  TF = "tf"
 
 
 class Hardware(object):
@@ -31,7 +40,7 @@ class Hardware(object):
     peak_flops: per device, the dtype the matmuls run in (bf16 on TPU).
     memory_bytes, memory_bandwidth: HBM per device.
     interconnect: a Torus, NodeNetwork or SharedBus (interconnect.py).
-    compiler: "xla" or "tf" (module docstring).
+    compiler: a Compiler, XLA or TF (module docstring).
     overlap: collectives overlap the compute that does not depend on them.
     matmul_tile: the matrix unit's tile (TPU MXU 128x128): an einsum's
       contracted and output sizes are padded up to it; 0: none.
@@ -55,7 +64,7 @@ class Hardware(object):
     self.memory_bytes = memory_bytes
     self.memory_bandwidth = memory_bandwidth
     self.interconnect = network
-    self.compiler = compiler
+    self.compiler = Compiler(compiler)
     self.overlap = overlap
     self.matmul_tile = matmul_tile
     self.kernel_overhead = kernel_overhead
@@ -85,11 +94,11 @@ class Hardware(object):
     jit_compile); the same object when unchanged."""
     if compiler in (None, self.compiler):
       return self
-    if compiler not in ("xla", "tf"):
+    if compiler not in tuple(Compiler):
       raise ValueError("compiler %r: use 'xla' or 'tf'" % compiler)
     out = copy.copy(self)
-    out.compiler = compiler
-    out.overlap = self.overlap or compiler == "xla"
+    out.compiler = Compiler(compiler)
+    out.overlap = self.overlap or out.compiler is Compiler.XLA
     return out
 
   def describe(self):
@@ -106,7 +115,7 @@ class Hardware(object):
 
 
 def _hardware(**kwargs):
-  kwargs.setdefault("overlap", kwargs["compiler"] == "xla")
+  kwargs.setdefault("overlap", kwargs["compiler"] is Compiler.XLA)
   kwargs.setdefault("matmul_tile", 0)
   kwargs.setdefault("kernel_overhead", 0.0)
   kwargs.setdefault("shared_compute", False)
@@ -144,7 +153,7 @@ HARDWARE = {
         peak_flops=22.5e12, memory_bytes=8 * 2 ** 30,
         memory_bandwidth=300e9,
         network=_tpu_torus([16, 16], 2, 4, 62e9, 300e9, "pod"),
-        compiler="xla", matmul_tile=128, executor_threads=None,
+        compiler=Compiler.XLA, matmul_tile=128, executor_threads=None,
         sources=[
             Source("peak per core", "22.5 TFLOP/s bf16",
                    "Mesh-TensorFlow paper: 11.5 PFLOP/s on 512 cores"),
@@ -164,7 +173,7 @@ HARDWARE = {
         peak_flops=61.5e12, memory_bytes=16 * 2 ** 30,
         memory_bandwidth=450e9,
         network=_tpu_torus([32, 32], 2, 4, 340e12 / 1024 / 4, 450e9, "pod"),
-        compiler="xla", matmul_tile=128, executor_threads=None,
+        compiler=Compiler.XLA, matmul_tile=128, executor_threads=None,
         sources=[
             Source("peak per core", "61.5 TFLOP/s bf16",
                    "123 TFLOP/s per chip of 2 cores, " + _TPU_DOCS % "v3"),
@@ -191,7 +200,7 @@ HARDWARE = {
         memory_bandwidth=1200e9,
         network=_tpu_torus([16, 16, 16], 1, 6, 1.1e15 / 4096 / 6, 1200e9,
                            "cube", alltoall_rings=True),
-        compiler="xla", matmul_tile=128, executor_threads=None,
+        compiler=Compiler.XLA, matmul_tile=128, executor_threads=None,
         sources=[
             Source("peak per chip", "275 TFLOP/s bf16", _TPU_DOCS % "v4"),
             Source("HBM per chip", "32 GiB, 1.2 TB/s", _TPU_DOCS % "v4"),
@@ -209,7 +218,7 @@ HARDWARE = {
         peak_flops=989e12, memory_bytes=80 * 2 ** 30,
         memory_bandwidth=3.35e12,
         network=interconnect.NodeNetwork(8, 450e9, 50e9, 3e-6, 8e-6),
-        compiler="tf", overlap=True, kernel_overhead=0.0,
+        compiler=Compiler.TF, overlap=True, kernel_overhead=0.0,
         executor_threads=1,
         sources=[
             Source("peak per GPU", "989 TFLOP/s bf16 dense",
@@ -239,7 +248,7 @@ HARDWARE = {
         peak_flops=5.8e10, memory_bytes=24 * 2 ** 30,
         memory_bandwidth=1e12,
         network=interconnect.SharedBus(2e9, 0.94e-3),
-        compiler="tf", overlap=False, shared_compute=True,
+        compiler=Compiler.TF, overlap=False, shared_compute=True,
         step_overhead=9e-3, executor_threads=0,
         sources=[
             Source("compute", "58 GFLOP/s shared by all virtual devices",

@@ -54,6 +54,7 @@ import collections
 import itertools
 
 from meshtf import shapes
+from meshtf.layouts.relayout import CollectiveKind
 
 # One physical dimension as a group uses it: m members, `stride` device
 # coordinates apart, along a ring (wraparound) or a line; kind "core"
@@ -207,13 +208,14 @@ class Torus(object):
     """Seconds of one collective (see the module docstring)."""
     if group.size <= 1:
       return 0.0
-    if kind.startswith("allreduce"):
+    kind = CollectiveKind(kind)
+    if kind.is_allreduce:
       return 2 * self._reduce_scatter(group.dims, slice_bytes)
-    if kind == "reduce_scatter":
+    if kind is CollectiveKind.REDUCE_SCATTER:
       return self._reduce_scatter(group.dims, slice_bytes)
-    if kind == "allconcat":
+    if kind is CollectiveKind.ALLCONCAT:
       return self._reduce_scatter(group.dims, slice_bytes * group.size)
-    if kind == "alltoall":
+    if kind is CollectiveKind.ALLTOALL:
       return self._alltoall(group, slice_bytes)
     # permute: one neighbour transfer.
     return (slice_bytes / self.link_bandwidth * self.cores_per_chip +
@@ -274,15 +276,16 @@ class NodeNetwork(object):
     """Seconds of one collective (see the module docstring)."""
     if group.size <= 1:
       return 0.0
-    if kind.startswith("allreduce"):
+    kind = CollectiveKind(kind)
+    if kind.is_allreduce:
       return 2 * self._reduce_scatter(group, slice_bytes)
-    if kind == "reduce_scatter":
+    if kind is CollectiveKind.REDUCE_SCATTER:
       return self._reduce_scatter(group, slice_bytes)
-    if kind == "allconcat":
+    if kind is CollectiveKind.ALLCONCAT:
       return self._reduce_scatter(group, slice_bytes * group.size)
     local, nodes = self._split(group)
     n = group.size
-    if kind == "alltoall":
+    if kind is CollectiveKind.ALLTOALL:
       within = slice_bytes * (local - 1) / n / self.nvlink_bandwidth
       across = slice_bytes * (n - local) / n / self.nic_bandwidth
       return (max(within, across) + self.nvlink_latency +
@@ -308,7 +311,8 @@ class SharedBus(object):
     n = group.size
     if n <= 1:
       return 0.0
-    factor = {"allconcat": n - 1, "alltoall": (n - 1.0) / n,
-              "reduce_scatter": (n - 1.0) / n, "permute": 1.0}.get(
-                  kind, 2.0 * (n - 1) / n)
+    kinds = CollectiveKind
+    factor = {kinds.ALLCONCAT: n - 1, kinds.ALLTOALL: (n - 1.0) / n,
+              kinds.REDUCE_SCATTER: (n - 1.0) / n, kinds.PERMUTE: 1.0}.get(
+                  CollectiveKind(kind), 2.0 * (n - 1) / n)
     return self.latency + slice_bytes * factor / self.bandwidth
