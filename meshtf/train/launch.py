@@ -245,8 +245,9 @@ def run_group(group, options, received, log, poll=0.1):
   when one fails otherwise they are sent SIGTERM at once. Either way those
   still running after --grace_seconds are stopped (SIGTERM, then SIGKILL)."""
   cause = None
-  deadline = None
-  terminate_at = None
+  failed_at = None    # when the cause was seen, with others still running
+  term_after = None   # seconds after failed_at: SIGTERM those left
+  kill_after = None   # seconds after failed_at: SIGKILL those left
   forwarded = 0
   while True:
     codes = [p.poll() for p in group.procs]
@@ -258,6 +259,8 @@ def run_group(group, options, received, log, poll=0.1):
         if c not in (None, 0):
           cause = i
           if any(x is None for x in codes):
+            failed_at = time.monotonic()
+            kill_after = options.grace_seconds
             if received:
               pass   # they are stopping already
             elif lost_peer(c):
@@ -267,30 +270,29 @@ def run_group(group, options, received, log, poll=0.1):
               log("worker %d %s: the others stop on their own when they "
                   "notice (SIGTERM after %.0f s)" % (
                       i, describe_exit(c), options.grace_seconds))
-              terminate_at = time.monotonic() + options.grace_seconds
+              term_after = options.grace_seconds
+              kill_after = 2 * options.grace_seconds
             else:
               log("worker %d %s: stopping the others" % (
                   i, describe_exit(c)))
               group.signal_all(signal.SIGTERM)
-            deadline = time.monotonic() + options.grace_seconds * (
-                2 if terminate_at is not None else 1)
           break
-    if terminate_at is not None and time.monotonic() > terminate_at:
+    waited = time.monotonic() - failed_at if failed_at is not None else 0.0
+    if term_after is not None and waited > term_after:
       log("workers still running %.0f s after worker %d failed: SIGTERM" % (
-          options.grace_seconds, cause))
+          term_after, cause))
       group.signal_all(signal.SIGTERM)
-      terminate_at = None
+      term_after = None
     if all(c is not None for c in codes):
       group.finish()
       if cause is None:
         return None, 0
       return cause, codes[cause]
-    if deadline is not None and time.monotonic() > deadline:
+    if kill_after is not None and waited > kill_after:
       log("workers still running %.0f s after worker %d failed: SIGKILL" % (
-          options.grace_seconds * (2 if lost_peer(codes[cause]) and
-                                   not received else 1), cause))
+          kill_after, cause))
       group.signal_all(signal.SIGKILL)
-      deadline = None
+      kill_after = None
     time.sleep(poll)
 
 
