@@ -16,12 +16,11 @@ Example:
   ...               hardware="tpuv3", backward_start=n_forward_ops)
   >>> report.summary()["step_seconds"]
 """
-import contextlib
 import functools
-import gc
 import json
 
 from meshtf.layouts import reasons as reasons_lib
+from meshtf.layouts.completion import engine
 from meshtf.lowering import lowering as lowering_lib
 from meshtf.lowering import simd
 from meshtf.plan import accounting
@@ -37,23 +36,12 @@ def _without_cyclic_gc(function):
   make a few small objects per operation and free almost none, so the
   collector would rescan the whole (large) graph again and again (on the
   papers' 256-layer rows about a third of the planning time;
-  layouts/completion.py does the same)."""
+  the layout completion does the same)."""
   @functools.wraps(function)
   def run(*args, **kwargs):
-    with _collector_off():
+    with engine.cyclic_collector_off():
       return function(*args, **kwargs)
   return run
-
-
-@contextlib.contextmanager
-def _collector_off():
-  enabled = gc.isenabled()
-  gc.disable()
-  try:
-    yield
-  finally:
-    if enabled:
-      gc.enable()
 
 
 def notional_devices(n, per_host=8):

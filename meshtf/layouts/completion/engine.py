@@ -7,6 +7,7 @@ Example:
   >>> result.values(h_op)
   {'batch': ('x',), 'd_ff': ('y',), 'd_model': ()}
 """
+import contextlib
 import gc
 
 from meshtf.layouts.completion import defaults as defaults_lib
@@ -47,10 +48,26 @@ def complete(mesh_layout, operations, fixed):
   {dim name: axis names} for every dim of the op)."""
   # The pass makes ~10 small objects per operation and frees none: the
   # cyclic collector would rescan the whole (large) graph again and again.
+  with cyclic_collector_off():
+    return _complete(mesh_layout, operations, fixed)
+
+
+@contextlib.contextmanager
+def cyclic_collector_off():
+  """Python's cyclic garbage collector off inside the block (on again
+  after, if it was on): for passes over a large graph that make a few
+  small objects per operation and free almost none (the completion here,
+  the plan's passes), where the collector would rescan the graph again
+  and again.
+
+    >>> with cyclic_collector_off():
+    ...   gc.isenabled()
+    False
+  """
   enabled = gc.isenabled()
   gc.disable()
   try:
-    return _complete(mesh_layout, operations, fixed)
+    yield
   finally:
     if enabled:
       gc.enable()
