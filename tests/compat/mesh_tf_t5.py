@@ -82,6 +82,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -222,13 +223,53 @@ def _code_digest():
   return digest.hexdigest()
 
 
+# A fixture directory's name: <variant>-<config digest>-<code digest>
+# (before the code digest was in the name: <variant>-<digest of both>).
+_FIXTURE_DIR = re.compile(r"^(t5\.1\.[01])-([0-9a-f]{12})(?:-([0-9a-f]{8}))?$")
+
+
+def prune_stale(workdir, code):
+  """Removes the fixtures in workdir made by other code (a code digest
+  other than `code`: an edited fixture file or stand-in, another TF or Mesh
+  TF), which nothing can reuse, so that a machine's temp directory keeps
+  one set. A fixture whose lock another process holds is left alone; so is
+  anything not named like a fixture. Returns the names removed.
+
+  Example:
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> for name in ("t5.1.1-%s-%s" % ("a" * 12, "0" * 8),
+    ...              "t5.1.1-%s-%s" % ("b" * 12, "1" * 8), "notes"):
+    ...   os.makedirs(os.path.join(d, name))
+    >>> prune_stale(d, "1" * 8)
+    ['t5.1.1-aaaaaaaaaaaa-00000000']
+    >>> sorted(os.listdir(d))
+    ['notes', 't5.1.1-bbbbbbbbbbbb-11111111']
+  """
+  removed = []
+  for name in sorted(os.listdir(workdir)):
+    match = _FIXTURE_DIR.match(name)
+    if not match or match.group(3) == code:
+      continue
+    path = os.path.join(workdir, name)
+    with open(path + ".lock", "w") as lock:
+      try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+      except OSError:
+        continue                      # being made or read right now
+      shutil.rmtree(path, ignore_errors=True)
+    os.remove(path + ".lock")
+    removed.append(name)
+  return removed
+
+
 def make_fixture(workdir=None, variant="t5.1.1", norm_names="rms_norm",
                  master_dtype="bfloat16", timeout=300, **overrides):
   """Makes (or returns the already made) fixture for these arguments.
 
   Args:
     workdir: a directory, or None for default_workdir(); the fixture goes
-      to workdir/<variant>-<hash of the config and _code_digest()>/ and is
+      to workdir/<variant>-<config hash>-<_code_digest()>/ and is
       reused from there when complete (its manifest.json is written last;
       a file lock keeps concurrent test processes from making it twice).
     variant: "t5.1.1" or "t5.1.0".
@@ -254,8 +295,9 @@ def make_fixture(workdir=None, variant="t5.1.1", norm_names="rms_norm",
   config = resolve_config(variant, norm_names, master_dtype, **overrides)
   key = json.dumps(config, sort_keys=True)
   workdir = os.path.abspath(os.fspath(workdir or default_workdir()))
-  digest = hashlib.sha1((key + _code_digest()).encode()).hexdigest()[:12]
-  out = os.path.join(workdir, "%s-%s" % (variant, digest))
+  code = _code_digest()[:8]
+  digest = hashlib.sha1(key.encode()).hexdigest()[:12]
+  out = os.path.join(workdir, "%s-%s-%s" % (variant, digest, code))
   if out in _CACHE:
     return _CACHE[out]
   os.makedirs(workdir, exist_ok=True)
@@ -265,6 +307,7 @@ def make_fixture(workdir=None, variant="t5.1.1", norm_names="rms_norm",
     if not os.path.exists(manifest_path):
       shutil.rmtree(out, ignore_errors=True)   # an interrupted make's rest
       _run_child(["make", "--config", key, "--out", out], timeout)
+      prune_stale(workdir, code)
     with open(manifest_path) as f:
       manifest = json.load(f)
   _CACHE[out] = manifest

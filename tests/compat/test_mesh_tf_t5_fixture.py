@@ -316,3 +316,26 @@ def test_config_errors_name_the_field():
     mesh_tf_t5.resolve_config("t5.1.1", "rmsnorm")
   assert json.loads(json.dumps(mesh_tf_t5.resolve_config())) == (
       mesh_tf_t5.resolve_config())
+
+
+def test_prune_stale_keeps_this_codes_fixtures_and_locked_ones(tmp_path):
+  import doctest  # pylint: disable=g-import-not-at-top
+  import fcntl  # pylint: disable=g-import-not-at-top
+  assert doctest.run_docstring_examples(
+      mesh_tf_t5.prune_stale, {"os": os}, optionflags=doctest.ELLIPSIS) is None
+  code = "c0de" * 2
+  names = {"t5.1.1-%s-%s" % ("1" * 12, code): "kept (this code)",
+           "t5.1.0-%s-%s" % ("2" * 12, "0" * 8): "removed (other code)",
+           "t5.1.0-%s" % ("3" * 12): "removed (name without a code digest)",
+           "t5.1.1-%s-%s" % ("4" * 12, "f" * 8): "kept (locked by a reader)",
+           "scores": "kept (not a fixture)"}
+  for name in names:
+    os.makedirs(tmp_path / name)
+  with open(str(tmp_path / ("t5.1.1-%s-%s.lock" % ("4" * 12, "f" * 8))),
+            "w") as held:
+    fcntl.flock(held, fcntl.LOCK_EX)
+    removed = mesh_tf_t5.prune_stale(str(tmp_path), code)
+  assert removed == sorted(n for n, why in names.items()
+                           if why.startswith("removed"))
+  left = {n for n in os.listdir(tmp_path) if not n.endswith(".lock")}
+  assert left == {n for n, why in names.items() if why.startswith("kept")}
