@@ -121,6 +121,21 @@ def test_auto_layout_reuses_the_chosen_finalist(tmp_path, calls):
   assert calls == {"build_step": 9, "assign_layouts": 27, "build_model": 9}
 
 
+def test_auto_layout_then_training_builds_the_chosen_graph_once(tmp_path,
+                                                              calls):
+  # The search's 9 graphs and 27 completions (above); the preflight, the
+  # checks and the header read the chosen finalist's graph and layouts;
+  # then TrainStep's trace and its Lowering, and the final eval's
+  # completion (before: 11 graphs, 30 completions, 10 models).
+  out = _run("--layout=auto", "--config.auto_layout_dims=batch,d_ff,heads",
+             "--model_dir=%s" % tmp_path, "--train_steps=2",
+             "--config.length=8", "--config.eval_every=0",
+             "--config.eval_steps=1", "--config.checkpoint_every=2",
+             "--config.stop_at_target=False")
+  assert "using layout " in out and "done: step 2" in out
+  assert calls == {"build_step": 10, "assign_layouts": 29, "build_model": 9}
+
+
 def test_sweep_builds_each_entry_once(tmp_path, calls):
   # One graph per entry, built and completed once (validate's layout check
   # and the plan read it); the entry of the run's own mesh and layout is
