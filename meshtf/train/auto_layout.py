@@ -64,21 +64,37 @@ def _period(config):
 
 def screening_graphs(config, mesh_layout):
   """(graphs, weights, note): the training graphs whose weighted costs
-  stand for the config's (see the module docstring)."""
+  stand for the config's (see the module docstring), each an Experiment's
+  of its depth on mesh_layout."""
   from meshtf.train import experiment
   layers = config.num_layers
   decoder = config.num_decoder_layers or layers
   period = _period(config)
   if period is None or decoder != layers or layers <= 2 * period:
-    graph, _ = experiment.build_training_graph(config, mesh_layout)
+    graph, _ = experiment.Experiment(config, mesh_layout).training_graph()
     return [graph], [1.0], "the full model"
   d1, d2 = period, 2 * period
-  graphs = [experiment.build_training_graph(
-      _with(config, num_layers=d, num_decoder_layers=0), mesh_layout)[0]
-            for d in (d1, d2)]
+  graphs = [experiment.Experiment(
+      _with(config, num_layers=d, num_decoder_layers=0),
+      mesh_layout).training_graph()[0] for d in (d1, d2)]
   k = (layers - d1) / float(d2 - d1)
   return graphs, [1.0 - k, k], ("%d- and %d-layer models extrapolated to "
                                 "%d layers" % (d1, d2, layers))
+
+
+def _finalist(config, candidate):
+  """The Experiment of a search candidate at full depth: config with the
+  candidate's layout and variable layout, on the MeshLayout the run would
+  parse from it (config_lib.mesh_layout), so that the chosen one's graph
+  and completed layouts serve the run (resolve). Planned without the
+  activation layout, as the screening is; with one the run's graph differs
+  (its annotations) and is built again."""
+  from meshtf.train import experiment
+  c = _with(config, layout=candidate.rules,
+            variable_layout=candidate.variable_rules)
+  if c.activation_layout:
+    c.activation_layout = ""
+  return experiment.Experiment(c, config_lib.mesh_layout(c))
 
 
 def choose_layout(config, log):
@@ -87,11 +103,14 @@ def choose_layout(config, log):
   "variable_layout", "candidates": [summary dicts], "screened", "seconds"}.
   Raises ConfigError (one line) when no layout fits the memory cap, the
   search space is too large, or auto_layout_dims names unknown dims."""
+  return _choose(config, log)[0]
+
+
+def _choose(config, log):
+  """choose_layout's (choice, the chosen finalist's Experiment)."""
   from meshtf import layouts
   from meshtf.plan import hardware as hardware_lib
-  from meshtf.plan import report as report_lib
   from meshtf.plan import search as search_lib
-  from meshtf.train import experiment
   t0 = time.time()
   # Everything but the layout is checked first, one line per problem.
   config_lib.validate(_with(config, layout=""), check_layout=False,
@@ -121,14 +140,18 @@ def choose_layout(config, log):
   # The best few again at full depth (memory and collectives exact for the
   # real graph, not extrapolated), each with its own MoE group count.
   finalists = []
+  # The fastest finalist that fits so far (the first of equals, as the
+  # stable sort below) keeps its Experiment: one full-depth graph is kept
+  # besides the one being planned.
+  chosen, chosen_key = (None, None), None
   for c in result.ranked[:REPLANNED]:
-    layout = layouts.MeshLayout(mesh.mesh_shape, c.rules,
-                                variable_rules=c.variable_rules or None)
-    graph, _ = experiment.build_training_graph(
-        _with(config, layout=c.rules, variable_layout=c.variable_rules),
-        layout)
-    rep = report_lib.plan(graph, layout, hw.name, trace=False)
-    finalists.append((c, rep.summary()))
+    finalist = _finalist(config, c)
+    summary = finalist.plan(hw.name, trace=False, compiler=None).summary()
+    finalists.append((c, summary))
+    peak = summary["memory_bytes_per_device"]["peak"]
+    key = (summary["step_seconds"], peak)
+    if (not cap or peak <= cap) and (chosen_key is None or key < chosen_key):
+      chosen, chosen_key = (c, finalist), key
   fits = [f for f in finalists if not cap or
           f[1]["memory_bytes_per_device"]["peak"] <= cap]
   if not fits:
@@ -168,16 +191,20 @@ def choose_layout(config, log):
       time.time() - t0))
   return {"layout": best.rules, "variable_layout": best.variable_rules,
           "candidates": shown, "screened": result.evaluated,
-          "seconds": time.time() - t0}
+          "seconds": time.time() - t0}, (
+              chosen[1] if chosen[0] is best else None)
 
 
 def resolve(config, log):
   """If config.layout is "auto", chooses it (choose_layout) and sets
-  config.layout and config.variable_layout to the choice; returns the
-  choice dict, else None."""
+  config.layout and config.variable_layout to the choice; returns (the
+  choice dict, the chosen finalist's experiment.Experiment: its full-depth
+  graph and completed layouts, which the run's preflight, header, plan and
+  step reuse where its config is the run's -- Experiment.adopt), else
+  (None, None)."""
   if not wants_auto(config):
-    return None
-  choice = choose_layout(config, log)
+    return None, None
+  choice, chosen = _choose(config, log)
   config.layout = choice["layout"]
   config.variable_layout = choice["variable_layout"]
-  return choice
+  return choice, chosen

@@ -498,6 +498,10 @@ def decode_ids(model, features, temperature=0.0, top_k=0, beam_size=1,
 
 
 # --- the experiment -----------------------------------------------------------
+# Experiment.plan's default compiler: from the config's jit_compile.
+CONFIG_COMPILER = "the config's"
+
+
 class Experiment(object):
   """One run's experiment, built once from the validated config and its
   MeshLayout: the model (and the sink of its MoE metrics), the loss, the
@@ -507,10 +511,23 @@ class Experiment(object):
   checkpoint and memory checks and --mode=plan all read the one graph, and
   TrainStep traces the same builder (models/training.build_step).
 
+  A derived run -- a --mode=sweep entry, a --layout=auto finalist, the
+  export's one-processor model -- is an Experiment of its own config (its
+  graph differs: another layout, another MoE group count); where a derived
+  config has the values of one built already, that one is reused
+  (same_config, adopt).
+
+  mesh_layout None: the model as one processor without a layout runs it
+  (the export's; MoE groups counted for one processor, the config's
+  activation_layout as written); such an experiment has a training graph
+  but no graph_layout or mesh_impl.
+
   Example:
     >>> exp = Experiment(config, config_lib.mesh_layout(config))
     >>> graph, loss = exp.training_graph()   # built here, then kept
     >>> exp.graph_layout() is exp.graph_layout()
+    True
+    >>> exp.plan().summary()["step_seconds"] > 0   # on the kept layouts
     True
   """
 
@@ -564,6 +581,57 @@ class Experiment(object):
     """parameter_counts of the training graph, on its kept layouts."""
     return parameter_counts(self.training_graph()[0], self.mesh_layout,
                             self.graph_layout())
+
+  def plan(self, hardware=None, trace="auto", compiler=CONFIG_COMPILER):
+    """The PlanReport (meshtf.plan.plan) of the training graph on its kept
+    layouts, on hardware (default config.plan_hardware). trace "auto"
+    (--mode=plan's, --mode=sweep's): traced only where TF's executor runs
+    the program (its memory needs the traced program), estimated where XLA
+    compiles it. compiler: CONFIG_COMPILER is "xla" where the config's
+    jit_compile is on (XLA compiles the program's kernels), else the
+    hardware's; None is the hardware's (--layout=auto's finalists).
+
+    Example:
+      >>> exp.plan("tpuv3").collectives_source
+      'estimated'
+    """
+    from meshtf.plan import report as report_lib
+    if compiler is CONFIG_COMPILER:
+      compiler = "xla" if self.config.jit_compile else None
+    graph, _ = self.training_graph()
+    return report_lib.plan(graph, self.mesh_layout,
+                           hardware or self.config.plan_hardware,
+                           compiler=compiler, trace=trace,
+                           graph_layout=self.graph_layout())
+
+  def same_config(self, config, ignore=()):
+    """Whether config holds the values this experiment was built from
+    (but the keys in ignore): then its model and graph are config's too.
+
+    Example:
+      >>> exp.same_config(copy.deepcopy(exp.config))
+      True
+    """
+    mine, theirs = self.config.to_dict(), config.to_dict()
+    for key in ignore:
+      mine.pop(key, None)
+      theirs.pop(key, None)
+    return mine == theirs
+
+  def adopt(self, config):
+    """This experiment for config, a config of the same values (the run's
+    own object, which the run may still change: finetune_steps sets
+    train_steps, which the step's optimizer reads), or None when the
+    values differ.
+
+    Example:
+      >>> finalist.adopt(config) is finalist    # --layout=auto's choice
+      True
+    """
+    if not self.same_config(config):
+      return None
+    self.config = config
+    return self
 
   def data(self, model_dir):
     return make_data(self.config, model_dir)

@@ -74,8 +74,11 @@ def export(config, model_dir, export_dir, checkpoint=None):
   if found is None:
     raise FileNotFoundError("no checkpoint in %s" % model_dir)
   restored = _restore(found, store)
-  sink = experiment.MoeMetrics()
-  model = experiment.build_model(config, sink)
+  # The experiment of the export's one-processor mesh, not the run's: its
+  # MoE layers count their groups for one processor (moe.num_groups = 0
+  # follows the mesh), so its model is another object.
+  one_processor = experiment.Experiment(config, None)
+  sink, model = one_processor.sink, one_processor.model
   seq2seq = config.model_type == "bitransformer"
   batch = config.export_batch_size or config.batch_size
   length = config.length

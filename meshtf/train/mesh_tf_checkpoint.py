@@ -340,22 +340,27 @@ def write(directory, step, tensors):
   return os.path.join(directory, name)
 
 
-def export(config, directory, step, values):
+def export(config, directory, step, values, experiment=None):
   """Writes a meshtf checkpoint's values {name: full numpy value} (of the
   config's model) as a Mesh TF checkpoint `directory/model.ckpt-<step>`:
   Mesh TF's names and combined shapes, the weights in config.export_dtype,
   the optimizer's slots (Mesh TF's factored shapes, float32) and
-  global_step. Returns the prefix.
+  global_step. experiment: the run's experiment.Experiment, whose model
+  and symbolic training graph name the variables and their shapes (any
+  layout's: a layout changes neither); default a new one. Returns the
+  prefix.
 
   Example:
     >>> export(config, "/tmp/ft/mesh_tf", 1001000, found.values)
     '/tmp/ft/mesh_tf/model.ckpt-1001000'
   """
-  from meshtf.train import experiment
-  graph, _ = experiment.build_training_graph(config)
+  if experiment is None:
+    from meshtf.train import experiment as experiment_lib
+    experiment = experiment_lib.Experiment(config, None)
+  graph, _ = experiment.training_graph()
   shapes = {v.name: [(d.name, d.size) for d in v.shape.dims]
             for v in graph.all_variables}
-  names = NameMap(experiment.build_model(config), config.optimizer,
+  names = NameMap(experiment.model, config.optimizer,
                   config.export_norm_names)
   tensors = to_mesh_tf_tensors(
       {n: v for n, v in values.items() if n in shapes}, shapes, names,

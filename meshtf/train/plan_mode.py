@@ -44,10 +44,7 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None,
   graph, _ = experiment.training_graph()
   # XLA compiles the program (fused kernels) where jit_compile is on;
   # there its collectives are estimated, not traced (plan(trace="auto")).
-  report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware,
-                         compiler="xla" if config.jit_compile else None,
-                         trace="auto",
-                         graph_layout=experiment.graph_layout())
+  report = experiment.plan(config.plan_hardware, trace="auto")
   summary = report.summary()
   summary["config"] = {"mesh_shape": str(config.mesh_shape),
                        "layout": str(config.layout),

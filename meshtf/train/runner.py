@@ -54,7 +54,7 @@ def check_checkpoint(config, model_dir, mode, found=None, graph=None):
     return None
   latest, saved = found.path, found.meta["variables"]
   if graph is None:
-    graph = experiment.build_training_graph(config)[0]
+    graph = experiment.Experiment(config, None).training_graph()[0]
   if mode == "train":
     problem = _optimizer_changed(config, model_dir, latest, saved, graph)
     if problem:
@@ -83,19 +83,20 @@ def check_checkpoint(config, model_dir, mode, found=None, graph=None):
   return found
 
 
-def _starting_checkpoint(config, model_dir, mode, graph, mesh_layout):
+def _starting_checkpoint(config, model_dir, mode, experiment):
   """model_dir's newest intact checkpoint (checked against the model), or,
   when model_dir has none and config.init_checkpoint is set, the
-  init_checkpoint.RestorePlan of that checkpoint; with finetune_steps the
-  run's last step (config.train_steps) becomes its step + finetune_steps."""
+  init_checkpoint.RestorePlan of that checkpoint (the names of the
+  experiment's model); with finetune_steps the run's last step
+  (config.train_steps) becomes its step + finetune_steps."""
   from meshtf.train import checkpoint
-  from meshtf.train import experiment
   from meshtf.train import init_checkpoint
+  graph = experiment.training_graph()[0]
   plan = None
   if config.init_checkpoint and not checkpoint.CheckpointManager(
       model_dir).checkpoints():
-    found = plan = init_checkpoint.plan_restore(
-        config, graph, experiment.build_model(config, None, mesh_layout))
+    found = plan = init_checkpoint.plan_restore(config, graph,
+                                                experiment.model)
   else:
     found = check_checkpoint(config, model_dir, mode, graph=graph)
   if config.finetune_steps:
@@ -206,7 +207,7 @@ def _jit_program_problem(config, mesh_layout, devices, mode):
 
 
 def prepare(config, model_dir, mode, workers=None, devices=None,
-            flag_names=None, source="the config"):
+            flag_names=None, source="the config", experiment=None):
   """Everything that must pass before a directory is created or a device
   configured: the config (ranges, layout and data files included),
   model_dir, the prompt file, a run already training there, the config
@@ -215,6 +216,9 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   against this machine's memory). Returns (mesh_layout, IntactCheckpoint
   or None, prompts, the run's experiment.Experiment: its symbolic training
   graph and layouts built and checked here, once, for every later use).
+  experiment: one built already for a config of these values (the finalist
+  --layout=auto chose), reused with its graph and layouts; default (or
+  for a config of other values) a new one.
 
   Example:
     >>> layout, found, prompts, exp = prepare(config, "/tmp/lm", "eval")
@@ -227,7 +231,13 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
                                     check_layout=False)
   # TensorFlow loads here (experiment), after the config checks above.
   from meshtf.train import experiment as experiment_lib
-  experiment = experiment_lib.Experiment(config, mesh_layout)
+  if experiment is not None:
+    experiment = experiment.adopt(config)
+  if experiment is None:
+    experiment = experiment_lib.Experiment(config, mesh_layout)
+  # A reused experiment's MeshLayout is parsed from the same values
+  # (config_lib.mesh_layout): the run's model and graph hold that object.
+  mesh_layout = experiment.mesh_layout
   # The symbolic training graph, built once: its layouts are checked here,
   # the checkpoint's variables and the memory estimate below, the plan and
   # the header read the same (kept by the experiment).
@@ -253,7 +263,7 @@ def prepare(config, model_dir, mode, workers=None, devices=None,
   if mode in ("plan", "sweep"):   # no checkpoint: the config alone
     return mesh_layout, None, None, experiment
   _check_config_matches(config, model_dir, source)
-  found = _starting_checkpoint(config, model_dir, mode, graph, mesh_layout)
+  found = _starting_checkpoint(config, model_dir, mode, experiment)
   problems = workers_lib.problems(config, mesh_layout, workers, mode)
   if not problems and mode in ("train", "eval"):
     from meshtf.train import rendezvous
@@ -305,9 +315,11 @@ def run(config, mode, model_dir, devices=None, out=None, progress=None,
   stops.phase = "checking the config"
   # --layout=auto: the layout is chosen from plans (no devices, no TF
   # work), and then everything is checked as for a layout given by hand.
-  layout_choice = auto_layout.resolve(config, log)
+  layout_choice, chosen = auto_layout.resolve(config, log)
   mesh_layout, found, prompt_set, experiment = prepare(
-      config, model_dir, mode, workers, devices, flag_names, source)
+      config, model_dir, mode, workers, devices, flag_names, source,
+      experiment=chosen)
+  del chosen   # not adopted: its graph is freed now, not after the run
   if workers is not None and workers.num_workers > 1:
     # Before model_dir is written: all workers are up and run one config.
     stops.phase = "waiting for the other workers to start"
@@ -421,7 +433,7 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
                  "eval": "evaluating", "decode": "decoding",
                  "plan": "planning", "sweep": "sweeping"}[mode]
   if mode == "export":
-    return export(config, model_dir, log, found)
+    return export(config, model_dir, log, found, experiment)
   if mode == "plan":
     from meshtf.train import plan_mode
     return plan_mode.run_plan(config, mesh_layout, model_dir, log,
@@ -430,7 +442,8 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
     from meshtf.train import sweep_mode
     return sweep_mode.run_sweep(
         config, model_dir, log, devices=devices,
-        train_entry=run if config.sweep_run else None)
+        train_entry=run if config.sweep_run else None,
+        experiment=experiment)
   from meshtf.train import decode as decode_lib
   from meshtf.train import workers as workers_lib
   if workers is not None and devices is None:
@@ -471,9 +484,10 @@ def _run_mode(config, mode, model_dir, devices, log, progress, workers,
   return decode_lib.decode(session, data, step, log, prompt_set)
 
 
-def export(config, model_dir, log, found=None):
+def export(config, model_dir, log, found=None, experiment=None):
   """See meshtf/train/export.py (export_format saved_model) and
-  mesh_tf_checkpoint.export (mesh_tf)."""
+  mesh_tf_checkpoint.export (mesh_tf: the variables of experiment's
+  training graph, the run's; default a new one)."""
   if config.export_format == "mesh_tf":
     from meshtf.train import checkpoint
     from meshtf.train import init_checkpoint
@@ -485,7 +499,7 @@ def export(config, model_dir, log, found=None):
               else found.values)
     prefix = mesh_tf_checkpoint.export(
         config, os.path.join(model_dir, MESH_TF_EXPORT_DIR), found.step,
-        values)
+        values, experiment=experiment)
     log("exported a Mesh TF checkpoint: %s (%s weights; restore it with "
         "Mesh TF's tf.train.Saver or t5_mesh_transformer --model_dir=%s)" % (
             prefix, config.export_dtype, os.path.dirname(prefix)))

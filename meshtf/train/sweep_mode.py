@@ -82,22 +82,39 @@ def _entry_config(config, entry):
   return c
 
 
-def _plan_entry(config, entry):
-  """The entry's row: its plan (traced per-device program), or why it is
-  invalid."""
-  import meshtf as mtf
-  from meshtf.layouts import LayoutError
+def _entry_experiment(config, entry, run_experiment=None):
+  """The entry's experiment.Experiment with its training graph built and
+  its layouts checked once (validate's check_layout, on the graph the plan
+  reads): run_experiment (the sweep run's own, from its preflight) where
+  the entry's config has its values (config.sweep aside), else a new one.
+  Raises ConfigError / LayoutError / ValueError for an invalid entry."""
   from meshtf.train import config as config_lib
   from meshtf.train import experiment
+  c = _entry_config(config, entry)
+  if run_experiment is not None and run_experiment.same_config(
+      c, ignore=("sweep",)):
+    return run_experiment
+  layout = config_lib.validate(c, check_layout=False, check_data=False)
+  entry_experiment = experiment.Experiment(c, layout)
+  _, _, problem = config_lib.checked_training_graph(c, layout,
+                                                    entry_experiment)
+  if problem:
+    raise config_lib.ConfigError([problem])
+  return entry_experiment
+
+
+def _plan_entry(config, entry, run_experiment=None):
+  """The entry's row: its plan (as --mode=plan's: traced where TF's
+  executor runs the program, plan(trace="auto")), or why it is invalid."""
+  from meshtf.layouts import LayoutError
+  from meshtf.train import config as config_lib
   row = dict(entry, valid=False)
   if "problem" in entry:
     return row
-  c = _entry_config(config, entry)
   try:
-    layout = config_lib.validate(c, check_data=False)
-    graph, _ = experiment.build_training_graph(c, layout)
-    summary = mtf.plan.plan(graph, layout, c.plan_hardware, compiler=(
-        "xla" if c.get("jit_compile") else None)).summary()
+    entry_experiment = _entry_experiment(config, entry, run_experiment)
+    layout = entry_experiment.mesh_layout
+    summary = entry_experiment.plan(trace="auto").summary()
   except (config_lib.ConfigError, LayoutError, ValueError) as e:
     row["problem"] = " ".join(str(e).split())
     return row
@@ -124,6 +141,8 @@ def _run_entries(config, rows, model_dir, log, devices, train_entry):
       row["run_note"] = ("not run: %d processors, this process has %d "
                          "devices" % (row["processors"], len(devices)))
       continue
+    # A run of its own: its config (train_steps, the schedule's length)
+    # makes another training graph than the entry's plan read.
     c = _entry_config(config, row)
     c.train_steps, c.eval_every, c.eval_steps = steps, 0, 1
     c.checkpoint_every, c.stop_at_target = steps, False
@@ -243,13 +262,16 @@ def draw_sweep(rows, path, hardware):
   return [r["entry"] for r in valid]
 
 
-def run_sweep(config, model_dir, log, devices=None, train_entry=None):
+def run_sweep(config, model_dir, log, devices=None, train_entry=None,
+              experiment=None):
   """Plans every entry of config.sweep (and, given train_entry, trains a
   few steps of each: train_entry(config, mode, model_dir, devices=, out=,
   err=) is the binary's runner.run, handed in); logs a table; writes
   model_dir/sweep.csv and sweep.png (atomically). Returns {"rows", "csv",
   "picture"}. Raises ConfigError (one line) when config.sweep is empty or
-  no entry is valid.
+  no entry is valid. experiment: the run's experiment.Experiment (of
+  config's own mesh and layout), planned for an entry of the same values
+  instead of building its graph again.
 
   Example:
     >>> result = run_sweep(config, "/tmp/sweep", print)
@@ -269,7 +291,7 @@ def run_sweep(config, model_dir, log, devices=None, train_entry=None):
     # Virtual CPUs are configured before TensorFlow's first op (planning
     # traces), as many as the largest entry this process may start.
     devices = _virtual_devices(config, entries)
-  rows = [_plan_entry(config, e) for e in entries]
+  rows = [_plan_entry(config, e, experiment) for e in entries]
   valid = [r for r in rows if r["valid"]]
   if not valid:
     raise config_lib.ConfigError([
