@@ -14,6 +14,7 @@ Example:
   >>> result["report"]["step_seconds"] > 0
   True
 """
+import copy
 import json
 import os
 import time
@@ -42,13 +43,10 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None,
   if experiment is None:
     experiment = experiment_lib.Experiment(config, mesh_layout)
   graph, _ = experiment.training_graph()
-  # XLA compiles the program (fused kernels) where jit_compile is on;
-  # there its collectives are estimated, not traced (plan(trace="auto")).
-  report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware,
-                         compiler="xla" if config.jit_compile else None,
-                         trace="auto",
-                         graph_layout=experiment.graph_layout())
+  report, how = plan_report(config, mesh_layout, experiment)
   summary = report.summary()
+  summary.setdefault("depth", {"layers": config.num_layers, "counted": False,
+                               "how": how})
   summary["config"] = {"mesh_shape": str(config.mesh_shape),
                        "layout": str(config.layout),
                        "variable_layout": str(config.variable_layout),
@@ -58,12 +56,16 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None,
   if layout_choice is not None:
     summary["layout_search"] = layout_choice
   largest = max(graph.trainable_variables, key=lambda v: v.shape.size)
+  log(how)
   for line in report.text().splitlines():
     log(line)
   for line in report.explain(top=PLAN_TOP_COLLECTIVES).splitlines():
     log(line)
   log("largest variable %s, per processor:" % largest.name)
-  picture = mtf.visualize_layout(largest.outputs[0], report.graph_layout.
+  # The full graph's layouts (the preflight's), also where the plan
+  # counted the layers (a counted plan has none).
+  graph_layout = experiment.graph_layout()
+  picture = mtf.visualize_layout(largest.outputs[0], graph_layout.
                                  tensor_mesh_layout(largest.outputs[0]))
   for line in picture.splitlines():
     log("  " + line)
@@ -74,9 +76,65 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None,
     json.dump(summary, f, indent=1, sort_keys=True, default=str)
   os.replace(tmp, path)
   picture_path = os.path.join(model_dir, PICTURE_FILE)
-  mtf.plan.draw_variable_layouts(graph, report.graph_layout,
+  mtf.plan.draw_variable_layouts(graph, graph_layout,
                                  picture_path + ".tmp", mesh_layout=mesh_layout)
   os.replace(picture_path + ".tmp", picture_path)
   log("every variable's layout drawn in %s" % picture_path)
   log("plan written to %s (%.1f s, nothing run)" % (path, time.time() - t0))
   return {"report": summary, "path": path, "picture": picture_path}
+
+
+def _plan_of_depth(config, mesh_layout, depth, compiler):
+  """The estimate-path PlanReport of config's model `depth` layers deep
+  (both stacks of a Bitransformer)."""
+  from meshtf.plan import report as report_lib
+  from meshtf.train import experiment as experiment_lib
+  c = copy.deepcopy(config)
+  c.num_layers, c.num_decoder_layers = depth, 0
+  graph, _ = experiment_lib.build_training_graph(c, mesh_layout)
+  return report_lib.plan(graph, mesh_layout, config.plan_hardware,
+                         compiler=compiler, trace=False)
+
+
+def plan_report(config, mesh_layout, experiment):
+  """(report, how): the plan of config's training step, and one line
+  saying how its depth was planned. Where XLA compiles the program
+  (TPU hardware, a GPU with jit_compile) the collectives are estimated,
+  not traced (plan(trace="auto")), and a stack of identical layers
+  (experiment.layer_period) is planned at a few small depths and counted
+  (meshtf/plan/repeated.py: "planned 2, 3, 4 and 5 layers and counted
+  256"); otherwise, or where a number is not affine in the depth, all
+  layers are planned ("planned all 256 layers: <why>"), on experiment's
+  graph and layouts.
+
+  Example:
+    >>> report, how = plan_report(config, layout, experiment)
+    >>> how
+    'planned 2, 3, 4 and 5 layers and counted 256'
+  """
+  import meshtf as mtf
+  from meshtf.plan import hardware as hardware_lib
+  from meshtf.plan import repeated
+  from meshtf.train import experiment as experiment_lib
+  compiler = "xla" if config.jit_compile else None
+  hw = hardware_lib.get(config.plan_hardware, compiler)
+  layers = config.num_layers
+  if hardware_lib.executor_threads(hw, mesh_layout.size) is not None:
+    why = "TF's executor runs the program, whose traced memory is not counted"
+  else:
+    period, why = experiment_lib.layer_period(config)
+    if period is not None:
+      try:
+        counted = repeated.count_layers(
+            lambda d: _plan_of_depth(config, mesh_layout, d, compiler),
+            layers, period)
+        return counted, counted.how
+      except repeated.NotCounted as e:
+        why = str(e)
+  graph, _ = experiment.training_graph()
+  # XLA compiles the program (fused kernels) where jit_compile is on;
+  # there its collectives are estimated, not traced (plan(trace="auto")).
+  report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware,
+                         compiler=compiler, trace="auto",
+                         graph_layout=experiment.graph_layout())
+  return report, "planned all %d layers: %s" % (layers, why)
