@@ -103,11 +103,29 @@ def _scale_dict(name, dicts, depths, layers):
                     layers) for k in keys}
 
 
+def _check_bucket(what, records, depths, layers):
+  """Raises NotCounted where records (at the first two depths) grow into
+  an allreduce reaching the Bucketer's cap by `layers` layers: it would
+  be split there, into buckets the small plans do not have."""
+  first, second = records
+  grows = second["elements_per_device"] - first["elements_per_device"]
+  if not grows or not CollectiveKind(second["kind"]).is_allreduce:
+    return
+  itemsize = hardware_lib.slice_bytes(second) // second["elements_per_device"]
+  elements = first["elements_per_device"] + grows * (
+      (layers - depths[0]) // (depths[1] - depths[0]))
+  cap = bucketing.check_bucket_bytes(None)
+  if elements * itemsize >= cap:
+    raise NotCounted(
+        "%s grows by %d elements every %d layer(s): a gradient bucket "
+        "that reaches the %d-byte bucket cap by %d layers (the Bucketer "
+        "splits it)" % (what, grows, depths[1] - depths[0], cap, layers))
+
+
 def _scale_records(reports, depths, layers):
   """[(record without reasons, [(pattern, count, example Reason)])] at
   `layers` layers: each record's count and elements counted, its bytes
   derived from its elements; records that become equal merged."""
-  cap = bucketing.check_bucket_bytes(None)
   lists = [r.collectives for r in reports]
   if len({len(c) for c in lists}) != 1:
     raise NotCounted("the collectives are %s records at %s layers" % (
@@ -142,14 +160,7 @@ def _scale_records(reports, depths, layers):
              for r in records):
         raise NotCounted("%s's bytes are not its elements' (%d bytes each)"
                          % (what, itemsize))
-      if CollectiveKind(last["kind"]).is_allreduce and (
-          elements * itemsize >= cap):
-        raise NotCounted(
-            "%s grows by %d elements a layer: a gradient bucket that "
-            "reaches the %d-byte bucket cap by %d layers (the Bucketer "
-            "splits it)" % (what, (records[1]["elements_per_device"] -
-                                   records[0]["elements_per_device"]) //
-                            (depths[1] - depths[0]), cap, layers))
+      _check_bucket(what, records[:2], depths, layers)
       nbytes = relayout_lib.collective_bytes(last["kind"], last["group_size"],
                                              elements, itemsize)
     patterns = collections.OrderedDict()
@@ -251,7 +262,15 @@ def count_layers(plan_at, layers, period, first=None):
     ([2, 3, 4, 5], 'planned 2, 3, 4 and 5 layers and counted 64')
   """
   depths = sample_depths(layers, period, first)
-  samples = [plan_at(d) for d in depths]
+  samples = []
+  for d in depths:
+    samples.append(plan_at(d))
+    if len(samples) == 2 and len({len(r.collectives) for r in samples}) == 1:
+      # A bucket that will split is seen at two depths: no more plans.
+      for i, pair in enumerate(zip(*(r.collectives for r in samples))):
+        _check_bucket("collective %d (%s over %s)" % (
+            i, pair[1]["kind"], "+".join(pair[1]["mesh_axes"])), pair,
+                      depths, layers)
   if any(r.program_memory is not None for r in samples):
     raise NotCounted("the traced program's memory (TF's executor) is not "
                      "counted")
