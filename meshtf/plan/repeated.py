@@ -43,7 +43,12 @@ RELATIVE = 1e-9      # float rounding allowed in an affine number
 
 
 class NotCounted(ValueError):
-  """The layers cannot be counted exactly; str(e) says why, in one line."""
+  """The layers cannot be counted exactly; str(e) says why, in one line.
+  planned: the depths planned before it was known (count_layers)."""
+
+  def __init__(self, message, planned=()):
+    super().__init__(message)
+    self.planned = list(planned)
 
 
 def sample_depths(layers, period, first=None):
@@ -263,6 +268,13 @@ def count_layers(plan_at, layers, period, first=None):
   """
   depths = sample_depths(layers, period, first)
   samples = []
+  try:
+    return _count(plan_at, layers, period, depths, samples)
+  except NotCounted as e:
+    raise NotCounted(str(e), depths[:len(samples)]) from None
+
+
+def _count(plan_at, layers, period, depths, samples):
   for d in depths:
     samples.append(plan_at(d))
     if len(samples) == 2 and len({len(r.collectives) for r in samples}) == 1:

@@ -43,10 +43,9 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None,
   if experiment is None:
     experiment = experiment_lib.Experiment(config, mesh_layout)
   graph, _ = experiment.training_graph()
-  report, how = plan_report(config, mesh_layout, experiment)
+  report, depth = plan_report(config, mesh_layout, experiment)
   summary = report.summary()
-  summary.setdefault("depth", {"layers": config.num_layers, "counted": False,
-                               "how": how})
+  summary["depth"] = depth
   summary["config"] = {"mesh_shape": str(config.mesh_shape),
                        "layout": str(config.layout),
                        "variable_layout": str(config.variable_layout),
@@ -56,7 +55,7 @@ def run_plan(config, mesh_layout, model_dir, log, layout_choice=None,
   if layout_choice is not None:
     summary["layout_search"] = layout_choice
   largest = max(graph.trainable_variables, key=lambda v: v.shape.size)
-  log(how)
+  log(depth["how"])
   for line in report.text().splitlines():
     log(line)
   for line in report.explain(top=PLAN_TOP_COLLECTIVES).splitlines():
@@ -97,8 +96,9 @@ def _plan_of_depth(config, mesh_layout, depth, compiler):
 
 
 def plan_report(config, mesh_layout, experiment):
-  """(report, how): the plan of config's training step, and one line
-  saying how its depth was planned. Where XLA compiles the program
+  """(report, depth): the plan of config's training step, and how its
+  depth was planned ({"layers", "counted", "planned": the small depths
+  planned, "how": one line}). Where XLA compiles the program
   (TPU hardware, a GPU with jit_compile) the collectives are estimated,
   not traced (plan(trace="auto")), and a stack of identical layers
   (experiment.layer_period) is planned at a few small depths and counted
@@ -108,8 +108,8 @@ def plan_report(config, mesh_layout, experiment):
   graph and layouts.
 
   Example:
-    >>> report, how = plan_report(config, layout, experiment)
-    >>> how
+    >>> report, depth = plan_report(config, layout, experiment)
+    >>> depth["how"]
     'planned 2, 3, 4 and 5 layers and counted 256'
   """
   import meshtf as mtf
@@ -119,6 +119,7 @@ def plan_report(config, mesh_layout, experiment):
   compiler = "xla" if config.jit_compile else None
   hw = hardware_lib.get(config.plan_hardware, compiler)
   layers = config.num_layers
+  planned = []   # the small depths planned before counting was refused
   if hardware_lib.executor_threads(hw, mesh_layout.size) is not None:
     why = "TF's executor runs the program, whose traced memory is not counted"
   else:
@@ -128,13 +129,14 @@ def plan_report(config, mesh_layout, experiment):
         counted = repeated.count_layers(
             lambda d: _plan_of_depth(config, mesh_layout, d, compiler),
             layers, period)
-        return counted, counted.how
+        return counted, counted.summary()["depth"]
       except repeated.NotCounted as e:
-        why = str(e)
+        why, planned = str(e), e.planned
   graph, _ = experiment.training_graph()
   # XLA compiles the program (fused kernels) where jit_compile is on;
   # there its collectives are estimated, not traced (plan(trace="auto")).
   report = mtf.plan.plan(graph, mesh_layout, config.plan_hardware,
                          compiler=compiler, trace="auto",
                          graph_layout=experiment.graph_layout())
-  return report, "planned all %d layers: %s" % (layers, why)
+  return report, {"layers": layers, "counted": False, "planned": planned,
+                  "how": "planned all %d layers: %s" % (layers, why)}
