@@ -127,6 +127,25 @@ def _check_bucket(what, records, depths, layers):
         "splits it)" % (what, grows, depths[1] - depths[0], cap, layers))
 
 
+def _scale_reasons(patterns, count, depths, layers):
+  """[(pattern, count at `layers` layers, example Reason)] of one record:
+  patterns {pattern: ([count at each depth], Reason)}. A pattern's count
+  affine in the depth is counted; the rest of the record's count goes to
+  the others as the deepest plan has them (a reason the depth changes,
+  as the op that a sum over the MoE layers' losses ends in: the numbers
+  do not depend on it)."""
+  out, others = [], []
+  for p, (counts, why) in patterns.items():
+    try:
+      out.append((p, _scale("", counts, depths, layers), why))
+    except NotCounted:
+      others.append((p, counts[-1], why))
+  rest = count - sum(n for _, n, _ in out)
+  if others and rest != sum(n for _, n, _ in others):
+    others = [(others[0][0], rest, others[0][2])]
+  return out + others
+
+
 def _scale_records(reports, depths, layers):
   """[(record without reasons, [(pattern, count, example Reason)])] at
   `layers` layers: each record's count and elements counted, its bytes
@@ -178,13 +197,12 @@ def _scale_records(reports, depths, layers):
         entry[0][k] += 1
         if k == len(records) - 1:
           entry[1] = reason
-    groups = [(p, _scale(what + "'s reasons", counts, depths, layers), why)
-              for p, (counts, why) in patterns.items()]
+    groups = _scale_reasons(patterns, count, depths, layers)
     key = (last["kind"], tuple(last["mesh_axes"]), last["group_size"],
            elements, nbytes)
     entry = scaled.setdefault(key, [0, []])
     entry[0] += count
-    entry[1].extend(g for g in groups if g[1])
+    entry[1].extend(g for g in groups if g[1] > 0)
   return [(dict(kind=k[0], mesh_axes=list(k[1]), group_size=k[2],
                 elements_per_device=k[3], bytes_per_device=k[4],
                 count=count), groups)

@@ -103,9 +103,9 @@ def plan_report(config, mesh_layout, experiment):
   not traced (plan(trace="auto")), and a stack of identical layers
   (experiment.layer_period) is planned at a few small depths and counted
   (meshtf/plan/repeated.py: "planned 2, 3, 4 and 5 layers and counted
-  256"); otherwise, or where a number is not affine in the depth, all
-  layers are planned ("planned all 256 layers: <why>"), on experiment's
-  graph and layouts.
+  256") where those hold fewer layers than the model; otherwise, or
+  where a number is not affine in the depth, all layers are planned
+  ("planned all 256 layers: <why>"), on experiment's graph and layouts.
 
   Example:
     >>> report, depth = plan_report(config, layout, experiment)
@@ -126,6 +126,11 @@ def plan_report(config, mesh_layout, experiment):
     period, why = experiment_lib.layer_period(config)
     if period is not None:
       try:
+        depths = repeated.sample_depths(layers, period)
+        if sum(depths) >= layers:
+          raise repeated.NotCounted(
+              "the counting plans (%s layers) would hold more layers than "
+              "the model" % "+".join(map(str, depths)))
         counted = repeated.count_layers(
             lambda d: _plan_of_depth(config, mesh_layout, d, compiler),
             layers, period)
