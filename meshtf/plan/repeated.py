@@ -22,7 +22,9 @@ kept for the backward pass (the peak sits in a part of the step the
 layers do not scale, and a later layer's would overtake it); a traced
 program's memory (executor hardware: plan/program_memory.py walks the
 program itself). A CountedPlan has no per-op detail (accounting, fused
-kernels, timeline, graph layout): plan the full graph for those.
+kernels, timeline, graph layout): plan the full graph for those. Its
+reasons (top_collectives, explain()) are counted per pattern; the example
+of each is the deepest small plan's first (op names of that graph).
 
 Example:
   >>> counted = count_layers(lambda d: plan_graph_of_depth(d), 256, 1)
@@ -193,10 +195,10 @@ def _scale_records(reports, depths, layers):
       reasons += [None] * (r["count"] - len(reasons))
       for reason in reasons:
         key = reason.pattern if reason is not None else None
-        entry = patterns.setdefault(key, [[0] * len(records), reason])
+        entry = patterns.setdefault(key, [[0] * len(records), None])
         entry[0][k] += 1
-        if k == len(records) - 1:
-          entry[1] = reason
+        if k == len(records) - 1 and entry[1] is None:
+          entry[1] = reason   # the first in the deepest plan, as plan()
     groups = _scale_reasons(patterns, count, depths, layers)
     key = (last["kind"], tuple(last["mesh_axes"]), last["group_size"],
            elements, nbytes)

@@ -68,7 +68,7 @@ def test_unknown_hardware_model_is_one_line(tmp_path):
 
 
 def test_identical_layers_are_counted_and_say_so(tmp_path):
-  # GSPMD's 2-D model scaled down, 16 layers on tpuv3 (XLA: estimated):
+  # GSPMD's 2-D model scaled down, 32 layers on tpuv3 (XLA: estimated):
   # planned at 2-5 layers and counted, the numbers the full plan gives.
   from meshtf.plan import report as report_lib
   from meshtf.train import config as config_lib
@@ -76,16 +76,16 @@ def test_identical_layers_are_counted_and_say_so(tmp_path):
   config = os.path.join(ROOT, "t2t_configs", "gspmd_dense.py")
   code, out, err = _run("--config=%s:tiny" % config, "--mode=plan",
                         "--config.plan_hardware=tpuv3",
-                        "--config.num_layers=16", "--model_dir=%s" % tmp_path)
+                        "--config.num_layers=32", "--model_dir=%s" % tmp_path)
   assert code == 0, err
-  how = "planned 2, 3, 4 and 5 layers and counted 16"
+  how = "planned 2, 3, 4 and 5 layers and counted 32"
   assert out.splitlines()[0] == how, out
   assert "depth: %s" % how in out
   counted = json.load(open(tmp_path / "plan.json"))
   assert counted["depth"]["counted"] and counted["depth"]["planned"] == [
       2, 3, 4, 5]
   c = config_lib.load_file(config, "tiny")
-  c.num_layers = 16
+  c.num_layers = 32
   layout = config_lib.mesh_layout(c)
   graph, _ = experiment.build_training_graph(c, layout)
   full = report_lib.plan(graph, layout, "tpuv3", trace=False).summary()
@@ -97,9 +97,9 @@ def test_identical_layers_are_counted_and_say_so(tmp_path):
   # Layers that are not identical are planned in full, saying why.
   code, out, err = _run("--config=%s:tiny" % config, "--mode=plan",
                         "--config.plan_hardware=tpuv3",
-                        "--config.num_layers=16", "--config.moe.num_experts=2",
+                        "--config.num_layers=4", "--config.moe.num_experts=2",
                         "--config.moe.layers=1,3",
                         "--model_dir=%s" % (tmp_path / "moe"))
   assert code == 0, err
   assert out.splitlines()[0] == (
-      "planned all 16 layers: moe.layers='1,3' lists its MoE layers"), out
+      "planned all 4 layers: moe.layers='1,3' lists its MoE layers"), out
