@@ -4,7 +4,10 @@ hardware model -- without devices and without running anything
 (meshtf/plan/). Prints one screen -- with the collectives that send the
 most bytes and why each exists (the operation, the layouts that met and
 their origins) -- and writes the report as JSON and a picture of every
-variable's layout (meshtf/plan/pictures.py) as PNG.
+variable's layout (meshtf/plan/pictures.py) as PNG. Its first line says
+how the depth was planned: a stack of identical layers counted from a few
+small plans (plan_report, meshtf/plan/repeated.py), or every layer and
+why not.
 
   python -m meshtf.train --config=t2t_configs/gspmd_dense.py --mode=plan \\
       --config.plan_hardware=tpuv3 --model_dir=/tmp/plan_64b

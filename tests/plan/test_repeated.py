@@ -150,3 +150,25 @@ def test_sample_depths():
     repeated.sample_depths(5, 1)
   with pytest.raises(repeated.NotCounted, match="whole periods of 2"):
     repeated.sample_depths(63, 2)
+
+
+def test_a_peak_growing_slower_than_the_saved_activations_is_not_counted():
+  # A peak that stays put while every layer keeps more for the backward
+  # pass sits where the layers are not; a deeper model's layers would
+  # overtake it, so it is not counted (here: the 3-layer plan's peak
+  # reported at every depth).
+  config = _config(layers=64)
+  fixed = _plan(config, 3).summary()["memory_bytes_per_device"][
+      "activations_peak"]
+
+  def fixed_peak(depth):
+    report = _plan(config, depth)
+    summary = report.summary()
+    summary["memory_bytes_per_device"]["activations_peak"] = fixed
+    report.summary = lambda: summary
+    return report
+
+  with pytest.raises(repeated.NotCounted,
+                     match=r"the activation peak grows by 0 bytes a period, "
+                           r"less than the \d+ kept for the backward pass"):
+    repeated.count_layers(fixed_peak, 64, 1)
