@@ -101,6 +101,35 @@ def moe_feedforward_layer_fn(config, sink=None, mesh_layout=None):
   return fn
 
 
+def layer_period(config):
+  """(period, None): the model's layers are identical in structure and
+  layout every `period` layers (MoE on every other layer: 2; a pipeline's
+  stages times its circular repeats divide it), so a plan may count them
+  (meshtf/plan/repeated.py); or (None, why not, one line): MoE layers at
+  listed indices, or encoder and decoder stacks of different depths.
+  (Layouts apply to every layer alike: no config field lays out one.)
+
+  Example:
+    >>> c = config_lib.default_config(); c.moe.layers = "odd"
+    >>> layer_period(c)
+    (2, None)
+  """
+  layers = config.num_layers
+  decoder = config.num_decoder_layers or layers
+  if config.model_type != "lm" and decoder != layers:
+    return None, ("the encoder's %d and the decoder's %d layers differ"
+                  % (layers, decoder))
+  period = 1
+  if config.moe.num_experts:
+    spec = str(config.moe.layers).strip()
+    if spec in ("odd", "even"):
+      period = 2
+    elif spec != "all":
+      return None, "moe.layers=%r lists its MoE layers" % spec
+  chunks = config.pipeline_stages * config.circular_repeats
+  return period * chunks // math.gcd(period, chunks), None
+
+
 # --- model --------------------------------------------------------------------
 def build_model(config, sink=None, mesh_layout=None):
   """The Unitransformer (lm) or Bitransformer the config describes (for
@@ -651,7 +680,7 @@ def perplexity(loss):
 __all__ = ["Experiment", "MoeMetrics", "moe_params",
            "moe_feedforward_layer_fn", "build_model", "feature_names",
            "loss_fn", "make_optimizer", "learning_rate_schedule",
-           "build_training_graph", "symbolic_training_graph", "check_layouts", "parameter_counts",
+           "build_training_graph", "symbolic_training_graph", "layer_period", "check_layouts", "parameter_counts",
            "Data", "make_data", "program_options", "make_mesh_impl", "per_example_loss",
            "decode_method", "decode_options", "decode_ids",
            "perplexity"]

@@ -9,6 +9,7 @@ and completed 3x, training built 3x and completed 4x); an export, a
 --layout=auto search and a --mode=sweep build each graph they need once."""
 import collections
 import io
+import json
 import os
 
 import pytest
@@ -76,7 +77,34 @@ def test_paper_plan_builds_and_completes_the_graph_once(tmp_path, calls,
   out = _run("--config=" + os.path.join(ROOT, "t2t_configs", config),
              "--mode=plan", "--model_dir=%s" % tmp_path)
   assert "collectives per step" in out
-  assert calls == {"build_step": 1, "assign_layouts": 1, "build_model": 1}
+  # The full graph once (the preflight's), and the small graphs the plan
+  # tried to count the layers from (meshtf/plan/repeated.py), each once.
+  with open(tmp_path / "plan.json") as f:
+    planned = len(json.load(f)["depth"]["planned"])
+  assert calls == {"build_step": 1 + planned, "assign_layouts": 1 + planned,
+                   "build_model": 1 + planned}
+
+
+def test_layer_period():
+  from meshtf.train import config as config_lib
+  from meshtf.train import experiment
+  c = config_lib.default_config()
+  c.moe.num_experts, c.moe.layers = 4, "odd"
+  assert experiment.layer_period(c) == (2, None)
+  c.moe.layers = "all"
+  assert experiment.layer_period(c) == (1, None)
+  c.moe.layers = "1,3"
+  assert experiment.layer_period(c) == (
+      None, "moe.layers='1,3' lists its MoE layers")
+  c.moe.num_experts = 0
+  c.pipeline_stages, c.circular_repeats = 2, 3
+  assert experiment.layer_period(c) == (6, None)
+  c.pipeline_stages = c.circular_repeats = 1
+  c.model_type, c.num_layers, c.num_decoder_layers = "bitransformer", 4, 2
+  assert experiment.layer_period(c) == (
+      None, "the encoder's 4 and the decoder's 2 layers differ")
+  c.num_decoder_layers = 0
+  assert experiment.layer_period(c) == (1, None)
 
 
 def test_training_and_export_build_the_symbolic_graph_once(tmp_path,

@@ -7,6 +7,8 @@ import io
 import json
 import os
 
+import pytest
+
 from meshtf.train import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -63,3 +65,41 @@ def test_unknown_hardware_model_is_one_line(tmp_path):
   assert "plan_hardware='tpu9' is not a hardware model" in line
   assert "cpu | h100_8x_node | tpuv2 | tpuv3 | tpuv4" in line
   assert not os.path.exists(tmp_path / "plan.json")
+
+
+def test_identical_layers_are_counted_and_say_so(tmp_path):
+  # GSPMD's 2-D model scaled down, 32 layers on tpuv3 (XLA: estimated):
+  # planned at 2-5 layers and counted, the numbers the full plan gives.
+  from meshtf.plan import report as report_lib
+  from meshtf.train import config as config_lib
+  from meshtf.train import experiment
+  config = os.path.join(ROOT, "t2t_configs", "gspmd_dense.py")
+  code, out, err = _run("--config=%s:tiny" % config, "--mode=plan",
+                        "--config.plan_hardware=tpuv3",
+                        "--config.num_layers=32", "--model_dir=%s" % tmp_path)
+  assert code == 0, err
+  how = "planned 2, 3, 4 and 5 layers and counted 32"
+  assert out.splitlines()[0] == how, out
+  assert "depth: %s" % how in out
+  counted = json.load(open(tmp_path / "plan.json"))
+  assert counted["depth"]["counted"] and counted["depth"]["planned"] == [
+      2, 3, 4, 5]
+  c = config_lib.load_file(config, "tiny")
+  c.num_layers = 32
+  layout = config_lib.mesh_layout(c)
+  graph, _ = experiment.build_training_graph(c, layout)
+  full = report_lib.plan(graph, layout, "tpuv3", trace=False).summary()
+  assert counted["step_seconds"] == pytest.approx(full["step_seconds"],
+                                                  rel=1e-9)
+  assert counted["memory_bytes_per_device"] == full["memory_bytes_per_device"]
+  assert counted["collective_bytes_per_device"] == full[
+      "collective_bytes_per_device"]
+  # Layers that are not identical are planned in full, saying why.
+  code, out, err = _run("--config=%s:tiny" % config, "--mode=plan",
+                        "--config.plan_hardware=tpuv3",
+                        "--config.num_layers=4", "--config.moe.num_experts=2",
+                        "--config.moe.layers=1,3",
+                        "--model_dir=%s" % (tmp_path / "moe"))
+  assert code == 0, err
+  assert out.splitlines()[0] == (
+      "planned all 4 layers: moe.layers='1,3' lists its MoE layers"), out
