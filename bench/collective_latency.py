@@ -10,9 +10,10 @@ add_n on one device and copies the sum back.
 
 One process; both backends built first, then --rounds timed rounds
 alternating between them (order rotated each round), --steps calls per
-round. One JSON object per (backend, size): the median ms per allreduce
-with min and max over the rounds, and the result's first value (the same
-on both backends), then a summary with SPMD over placement per size.
+round. One JSON object per (backend, size): the median wall ms and the
+median process CPU ms per allreduce with min and max over the rounds, and
+the result's first value (the same on both backends), then a summary with
+SPMD over placement per size (wall and CPU medians).
 
 Usage: python bench/collective_latency.py [--devices=8] [--sizes=16,16384] \
          [--chain=20] [--steps=10] [--rounds=7]
@@ -73,30 +74,38 @@ def main():
                                            "batch:all", devices))
       first = float(np.asarray(fn(x))[0])
       runs.append(dict(backend=backend, size=size, fn=fn, x=x, first=first,
-                       ms=[]))
+                       ms=[], cpu_ms=[]))
   for r in range(args.rounds):
     for run in runs[r % len(runs):] + runs[:r % len(runs)]:
-      t0 = time.time()
+      t0, c0 = time.time(), time.process_time()
       for _ in range(args.steps):
         out = run["fn"](run["x"])
       np.asarray(out)
-      run["ms"].append((time.time() - t0) * 1e3 / args.steps / args.chain)
+      per = args.steps * args.chain
+      run["ms"].append((time.time() - t0) * 1e3 / per)
+      # CPU time moves much less than wall time with other jobs' load.
+      run["cpu_ms"].append((time.process_time() - c0) * 1e3 / per)
   medians = {}
   for run in runs:
-    medians[(run["backend"], run["size"])] = statistics.median(run["ms"])
+    medians[(run["backend"], run["size"])] = (
+        statistics.median(run["ms"]), statistics.median(run["cpu_ms"]))
     print(json.dumps(dict(
         bench="collective_latency", kind="run", backend=run["backend"],
         devices=args.devices, floats_per_device=run["size"],
         chain=args.chain, steps=args.steps, rounds=args.rounds,
         ms_per_allreduce=round(statistics.median(run["ms"]), 4),
         min_ms=round(min(run["ms"]), 4), max_ms=round(max(run["ms"]), 4),
+        cpu_ms_per_allreduce=round(statistics.median(run["cpu_ms"]), 4),
+        min_cpu_ms=round(min(run["cpu_ms"]), 4),
+        max_cpu_ms=round(max(run["cpu_ms"]), 4),
         first_value=run["first"], host=platform.node(),
-        cpus=os.cpu_count())), flush=True)
-  print(json.dumps(dict(
-      bench="collective_latency", kind="summary",
-      simd_over_placement={str(s): round(
-          medians[("simd", s)] / medians[("placement", s)], 3)
-                           for s in sizes})), flush=True)
+        cpus=os.cpu_count(), load_avg=os.getloadavg()[0])), flush=True)
+  summary = dict(bench="collective_latency", kind="summary")
+  for i, clock in enumerate(("", "_cpu")):
+    summary["simd_over_placement" + clock] = {
+        str(s): round(medians[("simd", s)][i] / medians[("placement", s)][i],
+                      3) for s in sizes}
+  print(json.dumps(summary), flush=True)
 
 
 if __name__ == "__main__":

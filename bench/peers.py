@@ -291,6 +291,13 @@ def _key(run):
   return "%s/%d/%s" % (_column(run), run["devices"], run["layout_name"])
 
 
+def _child_path(run):
+  """The child's PYTHONPATH: its tree first (its meshtf), then the
+  caller's (e.g. a directory holding jax: PYTHONPATH=/tmp/jaxsite)."""
+  return os.pathsep.join([run.get("tree_dir") or ROOT] + [
+      p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+
 def parse_trees(text):
   """--trees=before=DIR,after=. -> [(label, absolute dir)]; exits with one
   line when a dir has no meshtf package.
@@ -364,7 +371,7 @@ def main(argv=None):
       proc = subprocess.run(
           [sys.executable, os.path.abspath(__file__), "--child=" + spec],
           capture_output=True, text=True, cwd=run.get("tree_dir") or ROOT,
-          env=dict(os.environ, PYTHONPATH=run.get("tree_dir") or ROOT))
+          env=dict(os.environ, PYTHONPATH=_child_path(run)))
       lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
       if proc.returncode != 0 or not lines:
         sys.exit("%s failed (exit %d): %s" % (

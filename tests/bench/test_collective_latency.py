@@ -24,11 +24,13 @@ def test_collective_latency_prints_runs_and_ratios_with_equal_results():
       ("simd", 3), ("placement", 3), ("simd", 5), ("placement", 5)]
   for r in runs:
     assert r["devices"] == 4 and r["ms_per_allreduce"] > 0
+    assert r["cpu_ms_per_allreduce"] > 0
   assert runs[0]["first_value"] == pytest.approx(runs[1]["first_value"],
                                                  rel=1e-6)
   assert runs[2]["first_value"] == pytest.approx(runs[3]["first_value"],
                                                  rel=1e-6)
-  assert set(lines[-1]["simd_over_placement"]) == {"3", "5"}
+  for key in ("simd_over_placement", "simd_over_placement_cpu"):
+    assert set(lines[-1][key]) == {"3", "5"}
 
 
 def test_collective_latency_refuses_bad_device_counts():
