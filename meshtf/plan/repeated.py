@@ -222,7 +222,7 @@ class CountedPlan(report_lib.PlanReport):
   layers and counted 256").
   """
 
-  def __init__(self, samples, depths, layers, summary, groups):
+  def __init__(self, samples, depths, layers, period, totals, groups):
     last = samples[-1]
     super().__init__(last.mesh_layout, last.hardware, None,
                      [dict(r, reasons=[why for _, n, why in g
@@ -232,13 +232,18 @@ class CountedPlan(report_lib.PlanReport):
     self.samples = samples
     self.depths = depths
     self.layers = layers
-    self._summary = summary
-    self._groups = groups
+    self.period = period
+    # The counted totals summary() derives the rest from: memory, flops,
+    # touched (bytes), flops_by_family, compute (seconds, with the step
+    # overhead) and step (seconds).
+    self._totals = totals
     self.how = "planned %s and %d layers and counted %d" % (
         ", ".join(map(str, depths[:-1])), depths[-1], layers)
+    self.depth = {"layers": layers, "planned": depths, "counted": True,
+                  "how": self.how}
 
   def memory(self):
-    return dict(self._summary["memory_bytes_per_device"])
+    return dict(self._totals["memory"])
 
   def memory_model(self):
     return self.samples[-1].memory_model()
@@ -251,18 +256,25 @@ class CountedPlan(report_lib.PlanReport):
     return None
 
   def compute_seconds(self):
-    return self._summary["compute_seconds"] - self.hardware.step_overhead
-
-  def collective_seconds(self):
-    return self._summary["collective_seconds"]
+    return self._totals["compute"] - self.hardware.step_overhead
 
   def step_seconds(self):
-    return self._summary["step_seconds"]
+    return self._totals["step"]
 
   def summary(self):
-    s = dict(self._summary)
-    s["memory_bytes_per_device"] = dict(s["memory_bytes_per_device"])
-    s["top_collectives"] = self.top_collectives()
+    """PlanReport.summary's dict, derived from the counted totals as
+    report.py derives a plan's, with the depth line in "assumptions" and
+    "depth" (self.depth)."""
+    t = self._totals
+    s = self._summary_of(self.memory(), t["flops"], t["touched"],
+                         dict(t["flops_by_family"]), t["compute"], t["step"])
+    s["assumptions"] = s["assumptions"] + [
+        "depth: %s: every number of the %d plans is affine in the depth, "
+        "the %d-layer numbers are the first plan's plus %d periods of %d "
+        "layers' increment (meshtf/plan/repeated.py)" % (
+            self.how, len(self.depths), self.layers,
+            (self.layers - self.depths[0]) // self.period, self.period)]
+    s["depth"] = dict(self.depth)
     return s
 
   def _step_rule(self):
@@ -324,54 +336,18 @@ def _count(plan_at, layers, period, depths, samples):
         "the activation peak grows by %d bytes a period, less than the "
         "%d kept for the backward pass: it is not where the layers are"
         % (peak[1] - peak[0], saved[1] - saved[0]))
+  # In the order a not-affine number is met (and named) as before.
   flops = one("flops_per_device")
   touched = _scale("bytes touched", [r.accounting.bytes for r in samples],
                    depths, layers)
   step, compute = one("step_seconds"), one("compute_seconds")
   groups = _scale_records(samples, depths, layers)
-  hw = samples[-1].hardware
-  mesh = samples[-1].mesh_layout.mesh_shape
-  records = [r for r, _ in groups]
-  by_kind = {}
-  for r in records:
-    entry = by_kind.setdefault(r["kind"], {"count": 0, "bytes": 0})
-    entry["count"] += r["count"]
-    entry["bytes"] += r["count"] * r["bytes_per_device"]
-  summary = {
-      "mesh": last["mesh"], "layout": last["layout"],
-      "hardware": last["hardware"],
-      "memory_bytes_per_device": memory,
-      "memory_model": last["memory_model"],
-      "fits_in_memory": memory["peak"] <= hw.memory_bytes,
-      "flops_per_device": flops,
-      "flops_by_family": _scale_dict(
-          "flops_by_family", [s["flops_by_family"] for s in summaries],
-          depths, layers),
-      "arithmetic_intensity": flops / touched if touched else 0.0,
-      "collectives": records,
-      "collective_bytes_per_device": sum(
-          r["count"] * r["bytes_per_device"] for r in records),
-      "collectives_by_kind": by_kind,
-      "collectives_source": last["collectives_source"],
-      "compute_seconds": compute,
-      "collective_seconds": sum(
-          r["count"] * hardware_lib.collective_seconds(hw, mesh, r)
-          for r in records),
-      "exposed_collective_seconds": step - compute,
-      "step_seconds": step,
-      "flops_utilization": (flops / (step * hw.peak_flops)
-                            if step and not hw.shared_compute else None),
-  }
-  counted = CountedPlan(samples, depths, layers, summary, groups)
-  summary["assumptions"] = last["assumptions"] + [
-      "depth: %s: every number of the %d plans is affine in the depth, "
-      "the %d-layer numbers are the first plan's plus %d periods of %d "
-      "layers' increment (meshtf/plan/repeated.py)" % (
-          counted.how, len(depths), layers,
-          (layers - depths[0]) // period, period)]
-  summary["depth"] = {"layers": layers, "planned": depths,
-                      "counted": True, "how": counted.how}
-  return counted
+  totals = {"memory": memory, "flops": flops, "touched": touched,
+            "flops_by_family": _scale_dict(
+                "flops_by_family", [s["flops_by_family"] for s in summaries],
+                depths, layers),
+            "compute": compute, "step": step}
+  return CountedPlan(samples, depths, layers, period, totals, groups)
 
 
 __all__ = ["CountedPlan", "NotCounted", "count_layers", "sample_depths",

@@ -207,11 +207,17 @@ class PlanReport(object):
   def summary(self):
     """The report as a dict (what the JSON file holds)."""
     acc = self.accounting
-    mem = self.memory()
-    flops, touched = acc.flops, acc.bytes
-    compute = self.compute_seconds() + self.hardware.step_overhead
+    return self._summary_of(
+        self.memory(), acc.flops, acc.bytes, dict(acc.flops_by_family),
+        self.compute_seconds() + self.hardware.step_overhead,
+        self.step_seconds())
+
+  def _summary_of(self, mem, flops, touched, flops_by_family, compute, step):
+    """summary() from its totals (memory, flops, bytes touched, flops by
+    family, compute seconds with the step overhead, step seconds): what
+    derives from them and from the collectives is derived here, for a
+    counted plan (plan/repeated.py) as for this one."""
     comm = self.collective_seconds()
-    step = self.step_seconds()
     by_kind = {}
     for r in self.collectives:
       entry = by_kind.setdefault(r["kind"], {"count": 0, "bytes": 0})
@@ -227,7 +233,7 @@ class PlanReport(object):
         "memory_model": self.memory_model(),
         "fits_in_memory": mem["peak"] <= self.hardware.memory_bytes,
         "flops_per_device": flops,
-        "flops_by_family": dict(acc.flops_by_family),
+        "flops_by_family": flops_by_family,
         "arithmetic_intensity": flops / touched if touched else 0.0,
         # Every collective with its count; the reasons of the ones that
         # send the most in "top_collectives" (all of them: explain()).
