@@ -49,19 +49,6 @@ def _with(config, **values):
   return c
 
 
-def _period(config):
-  """Layers after which the stack's pattern repeats (MoE every other
-  layer: 2), or None when it does not (explicit MoE layer indices)."""
-  if not config.moe.num_experts:
-    return 1
-  spec = str(config.moe.layers).strip()
-  if spec == "all":
-    return 1
-  if spec in ("odd", "even"):
-    return 2
-  return None
-
-
 def screening_graphs(config, mesh_layout):
   """(graphs, weights, note): the training graphs whose weighted costs
   stand for the config's (see the module docstring), each an Experiment's
@@ -69,7 +56,9 @@ def screening_graphs(config, mesh_layout):
   from meshtf.train import experiment
   layers = config.num_layers
   decoder = config.num_decoder_layers or layers
-  period = _period(config)
+  # Layers after which the stack's pattern repeats (MoE every other layer:
+  # 2), or None when it does not (explicit MoE layer indices).
+  period, _ = experiment.moe_layer_period(config)
   if period is None or decoder != layers or layers <= 2 * period:
     graph, _ = experiment.Experiment(config, mesh_layout).training_graph()
     return [graph], [1.0], "the full model"

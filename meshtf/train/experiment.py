@@ -101,6 +101,26 @@ def moe_feedforward_layer_fn(config, sink=None, mesh_layout=None):
   return fn
 
 
+def moe_layer_period(config):
+  """(period, None): the MoE layers' pattern repeats every `period` layers
+  (no MoE, or MoE on all layers: 1; on odd or even layers: 2); or (None,
+  why not, one line) for MoE layers at listed indices.
+
+  Example:
+    >>> c = config_lib.default_config(); c.moe.num_experts = 4
+    >>> c.moe.layers = "1,3"; moe_layer_period(c)
+    (None, "moe.layers='1,3' lists its MoE layers")
+  """
+  if not config.moe.num_experts:
+    return 1, None
+  spec = str(config.moe.layers).strip()
+  if spec == "all":
+    return 1, None
+  if spec in ("odd", "even"):
+    return 2, None
+  return None, "moe.layers=%r lists its MoE layers" % spec
+
+
 def layer_period(config):
   """(period, None): the model's layers are identical in structure and
   layout every `period` layers (MoE on every other layer: 2; a pipeline's
@@ -119,13 +139,9 @@ def layer_period(config):
   if config.model_type != "lm" and decoder != layers:
     return None, ("the encoder's %d and the decoder's %d layers differ"
                   % (layers, decoder))
-  period = 1
-  if config.moe.num_experts:
-    spec = str(config.moe.layers).strip()
-    if spec in ("odd", "even"):
-      period = 2
-    elif spec != "all":
-      return None, "moe.layers=%r lists its MoE layers" % spec
+  period, why = moe_layer_period(config)
+  if period is None:
+    return None, why
   chunks = config.pipeline_stages * config.circular_repeats
   return period * chunks // math.gcd(period, chunks), None
 
@@ -531,6 +547,18 @@ def decode_ids(model, features, temperature=0.0, top_k=0, beam_size=1,
 CONFIG_COMPILER = "the config's"
 
 
+def plan_compiler(config):
+  """The compiler a plan of config's step assumes: "xla" where the
+  config's jit_compile is on (XLA compiles the program's kernels), else
+  None (the hardware's own).
+
+  Example:
+    >>> plan_compiler(config_lib.default_config()) is None
+    True
+  """
+  return "xla" if config.jit_compile else None
+
+
 class Experiment(object):
   """One run's experiment, built once from the validated config and its
   MeshLayout: the model (and the sink of its MoE metrics), the loss, the
@@ -626,7 +654,7 @@ class Experiment(object):
     """
     from meshtf.plan import report as report_lib
     if compiler is CONFIG_COMPILER:
-      compiler = "xla" if self.config.jit_compile else None
+      compiler = plan_compiler(self.config)
     graph, _ = self.training_graph()
     return report_lib.plan(graph, self.mesh_layout,
                            hardware or self.config.plan_hardware,
@@ -680,7 +708,7 @@ def perplexity(loss):
 __all__ = ["Experiment", "MoeMetrics", "moe_params",
            "moe_feedforward_layer_fn", "build_model", "feature_names",
            "loss_fn", "make_optimizer", "learning_rate_schedule",
-           "build_training_graph", "symbolic_training_graph", "layer_period", "check_layouts", "parameter_counts",
+           "build_training_graph", "symbolic_training_graph", "moe_layer_period", "layer_period", "check_layouts", "parameter_counts",
            "Data", "make_data", "program_options", "make_mesh_impl", "per_example_loss",
            "decode_method", "decode_options", "decode_ids",
            "perplexity"]

@@ -116,7 +116,7 @@ def plan_report(config, mesh_layout, experiment):
   from meshtf.plan import hardware as hardware_lib
   from meshtf.plan import repeated
   from meshtf.train import experiment as experiment_lib
-  compiler = "xla" if config.jit_compile else None
+  compiler = experiment_lib.plan_compiler(config)
   hw = hardware_lib.get(config.plan_hardware, compiler)
   layers = config.num_layers
   planned = []   # the small depths planned before counting was refused
@@ -138,7 +138,7 @@ def plan_report(config, mesh_layout, experiment):
         counted = repeated.count_layers(
             lambda d: _plan_of_depth(config, mesh_layout, d, compiler),
             layers, period)
-        return counted, counted.summary()["depth"]
+        return counted, counted.depth
       except repeated.NotCounted as e:
         why, planned = str(e), e.planned
   # XLA compiles the program (fused kernels) where jit_compile is on;
